@@ -1,0 +1,269 @@
+"""TinyStories text -> tokens on disk, and seeded batches drawn from them.
+
+Sources, in order: `--source PATH` (a text file, or a folder with train.txt and valid.txt), the
+MVGPT_TINYSTORIES environment variable, or a download of roneneldan/TinyStories from the Hugging
+Face Hub. Stories are separated by `<|endoftext|>` lines. The held-out set is the validation
+file, never mixed into training. Tokens are uint16 in data/train.bin and data/val.bin, read with
+np.memmap; data/meta.json, written last, says the preparation is complete and what it came from.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from mvgpt.io import atomic_path, write_text_atomic
+from mvgpt.tokenizer import EOT, Tokenizer, file_hash, train_tokenizer
+
+DATA_DIR = Path("data")
+SOURCE_ENV = "MVGPT_TINYSTORIES"
+HUB_URL = "https://huggingface.co/datasets/roneneldan/TinyStories/resolve/main/"
+HUB_FILES = {"train": "TinyStories-train.txt", "valid": "TinyStories-valid.txt"}
+DEFAULT_MAX_TRAIN_MB = 300  # of the 1.9 GB train file: hours of training on a laptop
+SINGLE_FILE_HELD_OUT = 20  # a single source file: its last 1/20 of stories are held out
+
+
+class DataError(SystemExit):
+    """A problem with the input data: one line saying what is wrong and what to do."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(f"error: {message}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Sources
+
+
+def split_stories(text: str, name: str) -> list[str]:
+    """Stories separated by `<|endoftext|>`, stripped, empty ones dropped."""
+    if not text.strip():
+        raise DataError(f"{name} is empty: point --source at TinyStories text")
+    if EOT not in text:
+        raise DataError(
+            f"{name} has no {EOT} separators, so its stories cannot be told apart: "
+            f"put a line {EOT} after each story (as TinyStories' .txt files do)"
+        )
+    return [s.strip() for s in text.split(EOT) if s.strip()]
+
+
+def source_files(source: str | os.PathLike) -> list[Path]:
+    """The text files of a source: [file], or a folder's [train.txt, valid.txt]; checked to exist."""
+    path = Path(source)
+    if not path.exists():
+        raise DataError(f"source {path} does not exist: pass --source a TinyStories file or folder")
+    if not path.is_dir():
+        return [path]
+    files = [path / "train.txt", path / "valid.txt"]
+    for f in files:
+        if not f.is_file():
+            raise DataError(
+                f"folder {path} has no {f.name}: it needs train.txt and valid.txt (or pass --source one text file)"
+            )
+    return files
+
+
+def read_source(source: str | os.PathLike) -> tuple[list[str], list[str], str]:
+    """(train stories, held-out stories, a description of the split) from a file or folder."""
+    path = Path(source)
+    files = source_files(path)
+    if len(files) == 2:
+        train, valid = files
+        return (
+            split_stories(train.read_text(encoding="utf-8"), str(train)),
+            split_stories(valid.read_text(encoding="utf-8"), str(valid)),
+            f"{train} for training, {valid} held out",
+        )
+    stories = split_stories(path.read_text(encoding="utf-8"), str(path))
+    if len(stories) < 2:
+        raise DataError(f"{path} holds one story: at least two are needed, one to train on and one held out")
+    n_val = max(1, len(stories) // SINGLE_FILE_HELD_OUT)
+    return stories[:-n_val], stories[-n_val:], f"{path}: last {n_val} of {len(stories)} stories held out"
+
+
+def download(url: str, dest: Path, max_bytes: int | None = None) -> Path:
+    """Fetch url to dest with a progress bar, at most max_bytes (cut at a story boundary).
+
+    The bytes go to dest.part and are renamed to dest only when complete, so a partial
+    download is never mistaken for a finished one; a later run starts it again.
+    """
+    if dest.exists():
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    part = dest.with_name(dest.name + ".part")
+    try:
+        with urllib.request.urlopen(url, timeout=30) as response, open(part, "wb") as out:
+            total = int(response.headers.get("Content-Length") or 0) or None
+            if max_bytes is not None and total is not None:
+                total = min(total, max_bytes)
+            done = 0
+            with tqdm(total=total, unit="B", unit_scale=True, desc=dest.name) as bar:
+                while max_bytes is None or done < max_bytes:
+                    chunk = response.read(1 << 20)
+                    if not chunk:
+                        break
+                    out.write(chunk)
+                    done += len(chunk)
+                    bar.update(len(chunk))
+        if max_bytes is not None and done >= max_bytes:  # capped: keep whole stories only
+            data = part.read_bytes()[:max_bytes]
+            cut = data.rfind(EOT.encode())
+            part.write_bytes(data[: cut + len(EOT)] + b"\n" if cut >= 0 else data)
+    except (urllib.error.URLError, OSError) as e:
+        raise DataError(
+            f"could not download {url} ({getattr(e, 'reason', e)}); "
+            "with no network, pass --source PATH to a local TinyStories file or folder"
+        ) from None
+    os.replace(part, dest)
+    return dest
+
+
+def fetch_tinystories(raw_dir: Path, max_train_mb: float = DEFAULT_MAX_TRAIN_MB, base_url: str = HUB_URL) -> Path:
+    """Download TinyStories' train (capped) and valid files into raw_dir as train.txt/valid.txt."""
+    max_bytes = int(max_train_mb * 1e6) if max_train_mb else None
+    download(base_url + HUB_FILES["valid"], raw_dir / "valid.txt")
+    download(base_url + HUB_FILES["train"], raw_dir / "train.txt", max_bytes)
+    return raw_dir
+
+
+def resolve_source(source: str | None, data_dir: Path, max_train_mb: float = DEFAULT_MAX_TRAIN_MB) -> Path:
+    """--source, else $MVGPT_TINYSTORIES, else a download into data_dir/raw."""
+    source = source or os.environ.get(SOURCE_ENV)
+    if source:
+        return Path(source)
+    return fetch_tinystories(data_dir / "raw", max_train_mb)
+
+
+# ----------------------------------------------------------------------------------------------
+# Preparation: tokenizer + bins + meta
+
+
+def source_fingerprint(source: Path) -> str:
+    """A hash of the source's bytes, so a re-run with the same inputs can do nothing."""
+    h = hashlib.sha256()
+    for f in source_files(source):
+        h.update(f.name.encode())
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 24), b""):
+                h.update(block)
+    return h.hexdigest()[:16]
+
+
+def read_meta(data_dir: Path) -> dict | None:
+    """The meta JSON of a complete preparation, or None (missing, corrupt or bins not matching)."""
+    try:
+        meta = json.loads((data_dir / "meta.json").read_text())
+        for split in ("train", "val"):
+            if (data_dir / f"{split}.bin").stat().st_size != 2 * meta[f"{split}_tokens"]:
+                return None
+        if file_hash(data_dir / "tokenizer.json") != meta["tokenizer_hash"]:
+            return None
+        return meta
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def write_tokens(path: Path, tokenizer: Tokenizer, stories: list[str], desc: str, chunk: int = 4096) -> int:
+    """Encode stories (each followed by `<|endoftext|>`) into a uint16 file, atomically."""
+    if tokenizer.vocab_size > 2**16:
+        raise ValueError(f"vocab of {tokenizer.vocab_size} does not fit in uint16")
+    n = 0
+    with atomic_path(path) as tmp, open(tmp, "wb") as out:
+        for i in tqdm(range(0, len(stories), chunk), desc=desc, unit="chunk", leave=False):
+            for ids in tokenizer.encode_batch(stories[i : i + chunk]):
+                ids.append(tokenizer.eot)
+                out.write(np.asarray(ids, dtype=np.uint16).tobytes())
+                n += len(ids)
+        out.flush()
+    return n
+
+
+def prepare(
+    source: str | os.PathLike,
+    data_dir: str | os.PathLike = DATA_DIR,
+    vocab_size: int = 8192,
+    force: bool = False,
+) -> dict:
+    """Train the tokenizer and write the bins and meta.json; skip if done for the same inputs."""
+    data_dir, source = Path(data_dir), Path(source)
+    fingerprint = source_fingerprint(source)
+    meta = read_meta(data_dir)
+    if (
+        not force
+        and meta is not None
+        and meta.get("source_hash") == fingerprint
+        and meta.get("vocab_size") == vocab_size
+    ):
+        meta["skipped"] = True
+        return meta
+    train, valid, split = read_source(source)
+    (data_dir / "meta.json").unlink(missing_ok=True)  # from here on, nothing looks complete
+    tokenizer = train_tokenizer(train, vocab_size)
+    tokenizer.save(data_dir / "tokenizer.json")
+    meta = {
+        "vocab_size": tokenizer.vocab_size,
+        "tokenizer_hash": tokenizer.hash,
+        "source": str(source),
+        "source_hash": fingerprint,
+        "split": split,
+        "train_stories": len(train),
+        "val_stories": len(valid),
+        "train_chars": sum(len(s) for s in train),
+        "val_chars": sum(len(s) for s in valid),
+    }
+    meta["train_tokens"] = write_tokens(data_dir / "train.bin", tokenizer, train, "train.bin")
+    meta["val_tokens"] = write_tokens(data_dir / "val.bin", tokenizer, valid, "val.bin")
+    write_text_atomic(data_dir / "meta.json", json.dumps(meta, indent=2))
+    return meta
+
+
+# ----------------------------------------------------------------------------------------------
+# Reading tokens and drawing batches
+
+
+def load_tokens(data_dir: str | os.PathLike = DATA_DIR, split: str = "train") -> np.ndarray:
+    """The uint16 tokens of a split, memory-mapped."""
+    data_dir = Path(data_dir)
+    if read_meta(data_dir) is None:
+        raise DataError(
+            f"no complete prepared data in {data_dir}: run `python scripts/prepare.py "
+            "--source PATH` (or set MVGPT_TINYSTORIES)"
+        )
+    return np.memmap(data_dir / f"{split}.bin", dtype=np.uint16, mode="r")
+
+
+def data_tokenizer_hash(data_dir: str | os.PathLike = DATA_DIR) -> str | None:
+    meta = read_meta(Path(data_dir))
+    return meta["tokenizer_hash"] if meta else None
+
+
+def get_batch(
+    tokens: np.ndarray, batch_size: int, block_size: int, seed: int, step: int, rank: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random windows (x, y), each (batch_size, block_size) int64, y = x shifted by one.
+
+    The windows of a batch depend only on (seed, rank, step): two runs with the same seed see
+    the same batches in the same order, and a resumed run picks up at its step with no state.
+    """
+    if len(tokens) <= block_size + 1:
+        raise DataError(f"{len(tokens)} tokens are too few for windows of {block_size}: use more text")
+    rng = np.random.default_rng([seed, rank, step])
+    starts = rng.integers(0, len(tokens) - block_size - 1, size=batch_size)
+    rows = np.stack([tokens[s : s + block_size + 1] for s in starts]).astype(np.int64)
+    rows = torch.from_numpy(rows)
+    return rows[:, :-1], rows[:, 1:]
+
+
+def windows(tokens: np.ndarray, length: int, count: int | None = None) -> Iterator[torch.Tensor]:
+    """Consecutive, non-overlapping pieces of `length` tokens, from the start."""
+    n = (len(tokens) // length) if count is None else min(count, len(tokens) // length)
+    for i in range(n):
+        yield torch.from_numpy(tokens[i * length : (i + 1) * length].astype(np.int64))

@@ -1,0 +1,356 @@
+"""mvGPT's model, read top to bottom: config, rotary helper, KV cache, attention, MLP, block, GPT.
+
+Two ways to tell the model where each token is:
+- learned positions (GPT-2's way): a table with one row per place in the 256-token window, added
+  to the token embeddings before the first block. It stops at the window, and once a story is past
+  it every token's keys and values change as the window moves, so the whole window runs again.
+- rotary position embeddings (RoFormer, Llama): each query and key is turned by an angle that
+  grows with its position, so a score depends on how far apart two tokens are, not where they
+  sit. A cached key stays valid as the window moves, so the KV cache can slide.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from mvgpt.rope_scaling import RopeScaling, scaled_angles
+
+
+@dataclass
+class GPTConfig:
+    vocab_size: int = 8192  # BPE tokens, <|endoftext|> included
+    block_size: int = 256  # the training context: the window the model is trained to read
+    n_layer: int = 6  # transformer blocks
+    n_head: int = 6  # attention heads per block
+    n_embd: int = 384  # channels; head size = n_embd // n_head
+    rope: bool = False  # rotary position embeddings instead of a learned table of positions
+    rope_theta: float = 10000.0  # rotary base: pair i turns by theta^(-2i/head_size) per token
+    rope_linear_factor: float = 1.0  # positions divided by this (set by a linear long-context fine-tune)
+
+    @property
+    def head_size(self) -> int:
+        return self.n_embd // self.n_head
+
+    def __post_init__(self) -> None:
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd={self.n_embd} is not a multiple of n_head={self.n_head}")
+        if self.rope and self.head_size % 2:
+            raise ValueError(f"rope needs an even head size, got {self.head_size}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Rotary position embeddings
+
+
+def rotary(
+    start: int,
+    T: int,
+    head_size: int,
+    device: torch.device | str | None = None,
+    theta: float = 10000.0,
+    scaling: RopeScaling | None = None,
+    linear_factor: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Angles for positions start..start+T-1, one per pair of channels, as cos and sin (T, head/2).
+
+    Pair i turns by theta^(-2i/head_size) radians per token: the first pairs turn fast (pair 0 by
+    one radian a token), the last ones slowly (about 47k tokens a turn for a head of 64), so
+    between them they tell near and far apart. Context extension (rope_scaling.py) changes the
+    positions or the speeds here, in this one place; a model fine-tuned with interpolated
+    positions divides them by its linear_factor always.
+    """
+    positions = torch.arange(start, start + T, device=device, dtype=torch.float64) / linear_factor
+    speeds = theta ** (-torch.arange(0, head_size, 2, device=device, dtype=torch.float64) / head_size)
+    angles, magnitude = scaled_angles(positions, speeds, scaling, theta)  # (T, head/2), in float64
+    return (magnitude * angles.cos()).float(), (magnitude * angles.sin()).float()
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Turn each pair of channels (i, i + head/2) of x (B, H, T, head) by its position's angle.
+
+    Llama's pairing of the two halves; the paper pairs neighbours, which is the same rotation with
+    the channels in another order (and the projections are learned, so either works).
+    """
+    d = x.shape[-1] // 2
+    x1, x2 = x[..., :d], x[..., d:]
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+# ----------------------------------------------------------------------------------------------
+# KV cache
+
+
+class KVCache:
+    """Keys and values of the tokens read so far, for every block, preallocated.
+
+    `position` is the next token's place in the story; it keeps counting once `slide` drops old
+    tokens, so it can be larger than `length`, the number of tokens held. Storage is
+    (n_layer, B, H, capacity, head): the tokens held are rows start..start+length-1, so `slide`
+    only moves `start` on; when a new token would not fit at the end, the held rows are copied to
+    the front once (with capacity = 2 windows, that is once per window of tokens, not per token).
+    """
+
+    def __init__(
+        self,
+        config: GPTConfig,
+        batch_size: int = 1,
+        capacity: int | None = None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        self.capacity = capacity or 2 * config.block_size
+        shape = (config.n_layer, batch_size, config.n_head, self.capacity, config.head_size)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.start = 0  # first row held
+        self.length = 0  # rows held
+        self.position = 0  # the next token's place in the story
+
+    def reserve(self, T: int) -> None:
+        """Make room for T more tokens at the end (called once per forward, before the blocks)."""
+        if self.length + T > self.capacity:
+            raise ValueError(
+                f"KV cache holds {self.length} of {self.capacity} tokens and cannot take {T} more: "
+                "slide(keep) first, or make a cache with a larger capacity"
+            )
+        if self.start + self.length + T > self.capacity:  # compact: newest rows to the front
+            held = slice(self.start, self.start + self.length)
+            self.k[:, :, :, : self.length] = self.k[:, :, :, held].clone()
+            self.v[:, :, :, : self.length] = self.v[:, :, :, held].clone()
+            self.start = 0
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store block `layer`'s new keys and values (B, H, T, head); return all held ones."""
+        end = self.start + self.length + k.shape[2]
+        self.k[layer, :, :, self.start + self.length : end] = k
+        self.v[layer, :, :, self.start + self.length : end] = v
+        return self.k[layer, :, :, self.start : end], self.v[layer, :, :, self.start : end]
+
+    def advance(self, T: int) -> None:
+        """After all blocks have stored T tokens: they are held, and the story moves on by T."""
+        self.length += T
+        self.position += T
+
+    def slide(self, keep: int) -> None:
+        """Drop all but the newest `keep` tokens, in every block. `position` is unchanged."""
+        if keep < 0:
+            raise ValueError(f"slide(keep) needs keep >= 0, got {keep}")
+        drop = max(self.length - keep, 0)
+        self.start += drop
+        self.length -= drop
+
+
+# ----------------------------------------------------------------------------------------------
+# The transformer
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.n_head = config.n_head
+        self.qkv = nn.Linear(config.n_embd, 3 * config.n_embd)  # queries, keys, values at once
+        self.proj = nn.Linear(config.n_embd, config.n_embd)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        angles: tuple[torch.Tensor, torch.Tensor] | None = None,
+        cache: KVCache | None = None,
+        layer: int = 0,
+    ) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        if angles is not None:  # rotate before the cache stores the keys; values never turn
+            q, k = rotate(q, *angles), rotate(k, *angles)
+        held = 0
+        if cache is not None:
+            held = cache.length
+            k, v = cache.update(layer, k, v)  # (B, H, held + T, head)
+        if held == 0:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        elif T == 1:  # one new token sees everything held: no mask needed
+            y = F.scaled_dot_product_attention(q, k, v)
+        else:  # new token i sees the held tokens and new tokens 0..i
+            mask = torch.ones(T, held + T, dtype=torch.bool, device=x.device).tril(diagonal=held)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.fc = nn.Linear(config.n_embd, 4 * config.n_embd)
+        self.proj = nn.Linear(4 * config.n_embd, config.n_embd)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(F.gelu(self.fc(x)))  # exact GELU (GPT-2's export maps it to "gelu")
+
+
+class Block(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = nn.LayerNorm(config.n_embd)
+        self.mlp = MLP(config)
+
+    def forward(self, x, angles=None, cache=None, layer=0):  # (B, T, C) -> (B, T, C)
+        x = x + self.attn(self.ln_1(x), angles, cache, layer)
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.rope_scaling: RopeScaling | None = None  # context extension, set when reading (not saved)
+        rng = torch.get_rng_state()  # so both kinds draw the same weights for the parts they share
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        self.ln_f = nn.LayerNorm(config.n_embd)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight  # tied embeddings, as GPT-2
+        if not config.rope:  # with rope, attention handles positions: no table
+            self.wpe = nn.Embedding(config.block_size, config.n_embd)
+        torch.set_rng_state(rng)
+        self._init_weights()
+        self._angle_table: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def _init_weights(self) -> None:
+        """GPT-2's init: N(0, 0.02), residual projections scaled down by depth, biases zero.
+
+        The table of positions is drawn last, so with the same seed a rope model and a learned
+        one start with the same token embeddings and blocks.
+        """
+        for name, module in self.named_modules():
+            if module is self.lm_head or name == "wpe":
+                continue  # lm_head shares wte's weight; wpe comes last
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                std = 0.02 / math.sqrt(2 * self.config.n_layer) if name.endswith("proj") else 0.02
+                nn.init.normal_(module.weight, mean=0.0, std=std)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+        if not self.config.rope:
+            nn.init.normal_(self.wpe.weight, mean=0.0, std=0.02)
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())  # tied weights counted once
+
+    def angles(self, start: int, T: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin (T, head/2) for positions start..start+T-1, sliced from a table made once.
+
+        The table is recomputed only when the positions outgrow it or the scaling changes, so a
+        decoding step does no trigonometry. Scalings whose angles depend on the length read so far
+        (dynamic NTK) are computed for the exact span instead.
+        """
+        cfg, scaling = self.config, self.rope_scaling
+        if scaling is not None and scaling.depends_on_length:
+            scaling = scaling.at_length(start + T)
+            return rotary(start, T, cfg.head_size, device, cfg.rope_theta, scaling, cfg.rope_linear_factor)
+        key = (str(device), scaling)
+        table = self._angle_table.get(key)
+        if table is None or table[0].shape[0] < start + T:
+            size = max(2 * cfg.block_size, 2 * (start + T))
+            table = rotary(0, size, cfg.head_size, device, cfg.rope_theta, scaling, cfg.rope_linear_factor)
+            self._angle_table = {key: table}
+        return table[0][start : start + T], table[1][start : start + T]
+
+    def forward(
+        self,
+        idx: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+        last_only: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """idx (B, T) tokens -> logits (B, T, vocab) (or (B, 1, vocab) with last_only), loss.
+
+        With a cache, the tokens continue the story at cache.position, and the cache moves on by T.
+        """
+        B, T = idx.shape
+        start = cache.position if cache is not None else 0
+        if cache is not None:
+            cache.reserve(T)
+        x = self.wte(idx)  # (B, T, C)
+        angles = None
+        if self.config.rope:  # angles once, for all the blocks
+            angles = self.angles(start, T, idx.device)
+        else:
+            if start + T > self.config.block_size:
+                raise ValueError(
+                    f"positions {start}..{start + T - 1} are past the learned table of positions "
+                    f"(block_size={self.config.block_size}); read at most {self.config.block_size} "
+                    "tokens, or re-run the last window (generate does)"
+                )
+            x = x + self.wpe(torch.arange(start, start + T, device=idx.device))
+        for layer, block in enumerate(self.blocks):
+            x = block(x, angles, cache, layer)
+        if cache is not None:
+            cache.advance(T)
+        if last_only:
+            x = x[:, -1:]
+        logits = self.lm_head(self.ln_f(x))
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+        return logits, loss
+
+    @torch.no_grad()
+    def generate(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        seed: int | None = None,
+        use_cache: bool = True,
+    ):
+        """Continue idx (B, T) by max_new_tokens, yielding each new (B, 1) token as it comes.
+
+        temperature 0 is greedy. Without the cache, the model reads the last window for each
+        token. With it, the prompt goes in cut to the window, then one token at a time. Past the
+        window, rope slides the cache (once it holds a whole window, the oldest token goes before
+        the newest comes in), since a key's rotation stays valid as the window moves; learned
+        positions re-run the last window for each token, as their positions are baked into every
+        cached key and value.
+        """
+        window = self.config.block_size
+        generator = None
+        if seed is not None:
+            generator = torch.Generator(device=idx.device).manual_seed(seed)
+        cache = None
+        if use_cache:
+            cache = KVCache(self.config, idx.shape[0], device=idx.device, dtype=self.wte.weight.dtype)
+            logits, _ = self(idx[:, -window:], cache=cache, last_only=True)
+        for _ in range(max_new_tokens):
+            if cache is None:
+                logits, _ = self(idx[:, -window:], last_only=True)
+            next_token = sample(logits[:, -1], temperature, top_k, generator)
+            idx = torch.cat([idx, next_token], dim=1)
+            yield next_token
+            if cache is not None:
+                if cache.length < window:
+                    logits, _ = self(next_token, cache=cache, last_only=True)
+                elif self.config.rope:
+                    cache.slide(window - 1)
+                    logits, _ = self(next_token, cache=cache, last_only=True)
+                else:  # learned positions past the window: re-run it in full
+                    logits, _ = self(idx[:, -window:], last_only=True)
+
+
+def sample(
+    logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None, generator=None
+) -> torch.Tensor:
+    """logits (B, vocab) -> next token (B, 1): greedy at temperature 0, else top-k sampling."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits.float() / temperature
+    if top_k is not None:
+        kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, [-1]]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator)

@@ -1,0 +1,89 @@
+"""Held-out loss, perplexity and top-1 accuracy of one or more checkpoints.
+
+The validation tokens are cut into consecutive windows of the model's own context; every token of
+a window is predicted from the ones before it in that window. Loss is mean cross-entropy in nats
+per token, perplexity exp(loss), accuracy how often the likeliest token is the right one.
+
+Examples:
+    python scripts/evaluate.py checkpoints/pretrain checkpoints/pretrain-rope
+    python scripts/evaluate.py checkpoints/* --tokens 50000 --json results/evaluate.json
+    python scripts/evaluate.py /tmp/tiny --data-dir /tmp/tinydata --device cpu   # a tiny CPU run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from mvgpt.checkpoint import load_model  # noqa: E402
+from mvgpt.data import DATA_DIR, data_tokenizer_hash, load_tokens  # noqa: E402
+from mvgpt.device import pick_device  # noqa: E402
+from mvgpt.model import GPT  # noqa: E402
+
+
+@torch.no_grad()
+def evaluate(model: GPT, tokens, device: torch.device, max_tokens: int | None = None, batch_size: int = 8) -> dict:
+    """{loss, perplexity, accuracy, tokens} over windows of block_size + 1 tokens."""
+    T = model.config.block_size
+    n_windows = (len(tokens) - 1) // T
+    if max_tokens is not None:
+        n_windows = min(n_windows, max(1, max_tokens // T))
+    if n_windows < 1:
+        raise SystemExit(f"error: {len(tokens)} held-out tokens are too few for one window of {T}")
+    total_loss, correct, count = 0.0, 0, 0
+    for i in tqdm(range(0, n_windows, batch_size), desc="evaluate", leave=False):
+        rows = [tokens[j * T : j * T + T + 1] for j in range(i, min(i + batch_size, n_windows))]
+        batch = torch.from_numpy(np.stack(rows).astype(np.int64)).to(device)
+        x, y = batch[:, :-1], batch[:, 1:]
+        logits, _ = model(x)
+        logits = logits.float()
+        total_loss += F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="sum").item()
+        correct += (logits.argmax(-1) == y).sum().item()
+        count += y.numel()
+    loss = total_loss / count
+    return {"loss": loss, "perplexity": math.exp(loss), "accuracy": correct / count, "tokens": count}
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("checkpoints", nargs="+", help="run folders or checkpoint files")
+    p.add_argument("--data-dir", default=str(DATA_DIR))
+    p.add_argument("--tokens", type=int, help="evaluate at most this many tokens (default: all)")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--device", help="cpu, cuda, mps (default: the best present)")
+    p.add_argument("--json", help="also write the table here")
+    args = p.parse_args(argv)
+
+    device = pick_device(args.device)
+    val = load_tokens(args.data_dir, "val")
+    tok_hash = data_tokenizer_hash(args.data_dir)
+    rows = []
+    print(f"{'model':<28} {'params':>12} {'loss':>8} {'perplexity':>11} {'accuracy':>9}")
+    for path in args.checkpoints:
+        model, _ = load_model(path, device, tok_hash)
+        row = {"model": Path(path).name, "params": model.num_params(), "context": model.config.block_size}
+        row.update(evaluate(model, val, device, args.tokens, args.batch_size))
+        rows.append(row)
+        print(
+            f"{row['model']:<28} {row['params']:>12,} {row['loss']:>8.4f} "
+            f"{row['perplexity']:>11.3f} {row['accuracy']:>9.2%}"
+        )
+    print(f"({rows[0]['tokens']:,} held-out tokens per model)")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(rows, indent=2))
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+"""Prepare TinyStories: train the BPE tokenizer and write the tokens to data/.
+
+Examples:
+    python scripts/prepare.py --source ../shared/data/tinystories   # a folder: train.txt, valid.txt
+    python scripts/prepare.py --source stories.txt                  # one file: its last 5% held out
+    MVGPT_TINYSTORIES=~/tinystories python scripts/prepare.py      # the same, from the environment
+    python scripts/prepare.py                                       # download from the HF Hub
+    python scripts/prepare.py --source my.txt --vocab-size 512 --data-dir /tmp/tiny   # tiny, seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from mvgpt.data import DATA_DIR, DEFAULT_MAX_TRAIN_MB, SOURCE_ENV, prepare, resolve_source  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--source", help=f"TinyStories text file or folder (default: ${SOURCE_ENV}, else download)")
+    p.add_argument("--data-dir", default=str(DATA_DIR), help="where the tokenizer and bins go")
+    p.add_argument("--vocab-size", type=int, default=8192, help="tokens, <|endoftext|> included")
+    p.add_argument("--max-train-mb", type=float, default=DEFAULT_MAX_TRAIN_MB,
+                   help="download at most this much of the 1.9 GB train file (0: all)")
+    p.add_argument("--force", action="store_true", help="prepare again even if done for these inputs")
+    args = p.parse_args(argv)
+
+    t0 = time.perf_counter()
+    source = resolve_source(args.source, Path(args.data_dir), args.max_train_mb)
+    meta = prepare(source, args.data_dir, args.vocab_size, args.force)
+    if meta.get("skipped"):
+        print(f"{args.data_dir} is already prepared from {meta['source']} (use --force to redo)")
+        return meta
+    print(f"source: {meta['split']}")
+    print(f"tokenizer: {meta['vocab_size']} tokens, hash {meta['tokenizer_hash']}")
+    for split, stories in (("train", "train_stories"), ("val", "val_stories")):
+        tokens, chars = meta[f"{split}_tokens"], meta[f"{split}_chars"]
+        print(f"{split}: {meta[stories]:,} stories, {tokens:,} tokens, {chars / tokens:.2f} characters per token")
+    print(f"wrote {args.data_dir}/ in {time.perf_counter() - t0:.1f} s")
+    return meta
+
+
+if __name__ == "__main__":
+    main()

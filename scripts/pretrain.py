@@ -1,0 +1,343 @@
+"""Pretrain mvGPT on TinyStories, with learned positions or (--rope) rotary embeddings.
+
+The seed, the data, the batches and the schedule are the same for both kinds, so the position
+embedding is the one difference between two runs. Each kind gets its own run folder
+(checkpoints/pretrain, checkpoints/pretrain-rope), and TensorBoard a run of the same name.
+
+Examples:
+    python scripts/pretrain.py                       # learned positions, 10 minutes
+    python scripts/pretrain.py --rope                # rotary embeddings, same seed and batches
+    python scripts/pretrain.py --rope --resume       # continue an interrupted run
+    python scripts/pretrain.py --n-layer 2 --n-embd 64 --n-head 2 --block-size 32 \\
+        --batch-size 4 --max-steps 20 --out-dir /tmp/tiny          # a tiny CPU run, seconds
+    torchrun --nproc_per_node 2 scripts/pretrain.py --rope      # two processes (DDP)
+    python scripts/pretrain.py --init-from checkpoints/pretrain-rope --block-size 1024 \\
+        --rope-scaling linear --max-steps 40                      # long-context fine-tune
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import signal
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from mvgpt.checkpoint import config_from_dict, read_checkpoint, save_checkpoint  # noqa: E402
+from mvgpt.data import DATA_DIR, data_tokenizer_hash, get_batch, load_tokens  # noqa: E402
+from mvgpt.device import pick_device  # noqa: E402
+from mvgpt.model import GPT, GPTConfig  # noqa: E402
+from mvgpt.rope_scaling import METHODS  # noqa: E402
+
+EVAL_SEED = 1234  # the held-out batches are the same for every run
+
+
+def run_name(args: argparse.Namespace) -> str:
+    """The run folder's name: one per kind of position embedding (and context, if changed)."""
+    name = "pretrain-rope" if args.rope else "pretrain"
+    if args.init_from and args.block_size:
+        name += f"-ctx{args.block_size}"
+    if args.rope_scaling != "none":
+        name += f"-{args.rope_scaling}"
+    return name
+
+
+def lr_at(step: int, args: argparse.Namespace) -> float:
+    """Linear warm-up, then cosine decay to lr * min_lr_ratio at max_steps."""
+    if step < args.warmup:
+        return args.lr * (step + 1) / args.warmup
+    progress = min(1.0, (step - args.warmup) / max(1, args.max_steps - args.warmup))
+    return args.lr * (args.min_lr_ratio + (1 - args.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+@torch.no_grad()
+def held_out_loss(model: GPT, val, args: argparse.Namespace, device: torch.device, autocast) -> float:
+    model.eval()
+    losses = []
+    for i in range(args.eval_batches):
+        x, y = get_batch(val, args.batch_size, model.config.block_size, EVAL_SEED, i)
+        with autocast:
+            losses.append(model(x.to(device), y.to(device))[1].item())
+    model.train()
+    return sum(losses) / len(losses)
+
+
+def build_model(args: argparse.Namespace) -> tuple[GPT, dict | None]:
+    """A new model from the flags, or (--init-from) one from a checkpoint's weights."""
+    torch.manual_seed(args.seed)
+    if not args.init_from:
+        config = GPTConfig(
+            vocab_size=args.vocab_size,
+            block_size=args.block_size or 256,
+            n_layer=args.n_layer,
+            n_head=args.n_head,
+            n_embd=args.n_embd,
+            rope=args.rope,
+            rope_theta=args.rope_theta,
+        )
+        if args.rope_scaling != "none":
+            raise SystemExit("error: --rope-scaling is for a fine-tune to a longer context: add --init-from")
+        return GPT(config), None
+    state = read_checkpoint(args.init_from)
+    saved = config_from_dict(state["config"])
+    fields = dict(state["config"])
+    if args.rope_scaling == "linear":  # positions divided by the factor from now on, in training too
+        if not saved.rope:
+            raise SystemExit(f"error: --rope-scaling needs a rope model, and {args.init_from} has learned positions")
+        factor = args.rope_factor or (args.block_size or saved.block_size) / saved.block_size
+        fields["rope_linear_factor"] = saved.rope_linear_factor * factor
+    elif args.rope_scaling != "none":
+        raise SystemExit(
+            f"error: --rope-scaling {args.rope_scaling} cannot be trained into a model here; "
+            "fine-tune with linear, or pick the method when reading (context.py --rope-scaling)"
+        )
+    if args.block_size:
+        if not saved.rope and args.block_size != saved.block_size:
+            raise SystemExit(
+                f"error: {args.init_from} has learned positions, whose table stops at "
+                f"{saved.block_size}: --block-size cannot change (use a rope model)"
+            )
+        fields["block_size"] = args.block_size
+    model = GPT(config_from_dict(fields))
+    model.load_state_dict(state["model"])
+    args.rope = model.config.rope
+    return model, state
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rope", action="store_true", help="rotary position embeddings instead of a learned table")
+    p.add_argument("--data-dir", default=str(DATA_DIR))
+    p.add_argument("--out-dir", help="run folder (default: checkpoints/<kind>)")
+    p.add_argument("--runs-dir", default="runs", help="TensorBoard logs, one folder per run")
+    p.add_argument("--n-layer", type=int, default=6)
+    p.add_argument("--n-head", type=int, default=6)
+    p.add_argument("--n-embd", type=int, default=384)
+    p.add_argument("--block-size", type=int, help="training context (default 256, or the checkpoint's)")
+    p.add_argument("--rope-theta", type=float, default=10000.0)
+    p.add_argument("--rope-scaling", default="none", choices=METHODS,
+                   help="with --init-from: linear trains with positions divided by --rope-factor")
+    p.add_argument("--rope-factor", type=float, help="linear factor (default: new block size / old)")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--min-lr-ratio", type=float, default=0.1, help="final lr as a share of --lr")
+    p.add_argument("--warmup", type=int, default=20, help="warm-up steps")
+    p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--grad-clip", type=float, default=1.0)
+    p.add_argument("--max-steps", type=int, default=200, help="the schedule's length, and a stop")
+    p.add_argument("--minutes", type=float, default=10.0, help="time budget (0: none)")
+    p.add_argument("--eval-every", type=int, default=25)
+    p.add_argument("--eval-batches", type=int, default=8)
+    p.add_argument("--ckpt-every", type=int, default=25)
+    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--device", help="cpu, cuda, mps (default: the best present)")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument("--resume", action="store_true", help="continue the run folder's last checkpoint")
+    p.add_argument("--init-from", help="start from another run's weights (e.g. for a longer context)")
+    p.add_argument("--kill-at-step", type=int, help=argparse.SUPPRESS)  # tests: SIGKILL self after it
+    args = p.parse_args(argv)
+
+    distributed = "RANK" in os.environ
+    if distributed:
+        import torch.distributed as dist
+
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        if args.device is None and torch.cuda.is_available():
+            args.device = f"cuda:{local_rank}"
+        device = pick_device(args.device)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    else:
+        rank, world = 0, 1
+        device = pick_device(args.device)
+    master = rank == 0
+
+    data_dir = Path(args.data_dir)
+    train, val = load_tokens(data_dir, "train"), load_tokens(data_dir, "val")
+    tok_hash = data_tokenizer_hash(data_dir)
+    args.vocab_size = json.loads((data_dir / "meta.json").read_text())["vocab_size"]
+
+    model, _ = build_model(args)
+    name = run_name(args)
+    out_dir = Path(args.out_dir or Path("checkpoints") / name)
+    log_path = out_dir / "log.jsonl"
+    config = model.config
+
+    decay = [p_ for p_ in model.parameters() if p_.dim() >= 2]
+    no_decay = [p_ for p_ in model.parameters() if p_.dim() < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=args.lr,
+        betas=(0.9, 0.95),
+        fused=device.type in ("cpu", "cuda"),
+    )
+    step, elapsed = 0, 0.0
+    if args.resume:
+        state = read_checkpoint(out_dir)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        step, elapsed = state["step"], state["elapsed"]
+        torch.set_rng_state(state["rng"])
+        if master:
+            truncate_log(log_path, step)
+            print(f"resuming {out_dir} at step {step} ({elapsed / 60:.1f} minutes done)")
+    elif master and log_path.exists():
+        log_path.unlink()
+    model.to(device)
+
+    train_model = model
+    if args.compile:
+        train_model = torch.compile(model)
+    if distributed:
+        from torch.nn.parallel import DistributedDataParallel
+
+        train_model = DistributedDataParallel(train_model, device_ids=[device.index] if device.type == "cuda" else None)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
+
+    writer = None
+    if master:
+        from torch.utils.tensorboard import SummaryWriter
+
+        writer = SummaryWriter(str(Path(args.runs_dir) / out_dir.name), purge_step=step + 1 if step else None)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        print(f"{name}: {model.num_params():,} parameters, {config}, on {device}, {world} process(es)")
+
+    stop = {"signal": None}
+
+    def on_signal(signum, frame):
+        stop["signal"] = signum
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+
+        def save(val_loss: float | None = None) -> None:
+            if master:
+                save_checkpoint(
+                    out_dir, model, optimizer=optimizer.state_dict(), step=step, elapsed=elapsed,
+                    rng=torch.get_rng_state(), tokenizer_hash=tok_hash, args=vars(args), val_loss=val_loss,
+                )
+
+        def log(record: dict) -> None:
+            if master:
+                with open(log_path, "a") as f:
+                    f.write(json.dumps(record) + "\n")
+
+        tokens_per_step = args.batch_size * config.block_size * world
+        budget = args.minutes * 60 if args.minutes else float("inf")
+        val_loss, evaluated_at = None, None
+        from tqdm import tqdm
+
+        bar = tqdm(total=args.max_steps, initial=step, disable=not master, unit="step", dynamic_ncols=True)
+        model.train()
+        run_tokens, run_time = 0, 0.0
+        while step < args.max_steps and elapsed < budget:
+            t0 = time.perf_counter()
+            lr = lr_at(step, args)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            x, y = get_batch(train, args.batch_size, config.block_size, args.seed, step, rank)
+            with autocast:
+                _, loss = train_model(x.to(device), y.to(device))
+            if not math.isfinite(loss.item()):
+                raise SystemExit(
+                    f"error: loss became {loss.item()} at step {step}: stopping; the last good checkpoint in "
+                    f"{out_dir} is kept (try a lower --lr)"
+                )
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if args.grad_clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
+            optimizer.step()
+            step += 1
+            loss_value = loss.item()
+            if distributed:
+                stats = torch.tensor([loss_value], device=device)
+                dist.all_reduce(stats)
+                loss_value = stats.item() / world
+            dt = time.perf_counter() - t0
+            elapsed += dt
+            run_tokens, run_time = run_tokens + tokens_per_step, run_time + dt
+            tokens_per_s = tokens_per_step / dt
+            record = {"step": step, "loss": loss_value, "lr": lr, "tokens_per_s": tokens_per_s, "elapsed": elapsed}
+            if step % args.eval_every == 0 or step == args.max_steps:
+                t1 = time.perf_counter()
+                val_loss = held_out_loss(model, val, args, device, autocast)
+                elapsed += time.perf_counter() - t1
+                record["val_loss"], evaluated_at = val_loss, step
+            log(record)
+            if writer:
+                writer.add_scalar("loss/train", loss_value, step)
+                writer.add_scalar("lr", lr, step)
+                writer.add_scalar("tokens_per_s", tokens_per_step / dt, step)
+                if "val_loss" in record:
+                    writer.add_scalar("loss/held_out", val_loss, step)
+            bar.set_postfix(loss=f"{loss_value:.3f}", tok_s=f"{tokens_per_step / dt:,.0f}")
+            bar.update(1)
+            if distributed:  # every rank stops at the same step: rank 0's clock and signals decide
+                flag = torch.tensor([float(elapsed >= budget), float(stop["signal"] is not None)], device=device)
+                dist.broadcast(flag, 0)
+                if flag[0]:
+                    elapsed = budget
+                if flag[1] and stop["signal"] is None:
+                    stop["signal"] = signal.SIGTERM
+            if step % args.ckpt_every == 0:
+                save(val_loss)
+            if args.kill_at_step == step:
+                os.kill(os.getpid(), signal.SIGKILL)
+            if stop["signal"] is not None:
+                save(val_loss)
+                bar.close()
+                if master:
+                    print(f"interrupted at step {step}: saved {out_dir}; continue with --resume")
+                raise SystemExit(130 if stop["signal"] == signal.SIGINT else 143)
+        bar.close()
+        if evaluated_at != step:
+            val_loss = held_out_loss(model, val, args, device, autocast)
+            log({"step": step, "val_loss": val_loss, "elapsed": elapsed})
+            if writer:
+                writer.add_scalar("loss/held_out", val_loss, step)
+        save(val_loss)
+        summary = {
+            "run": name,
+            "steps": step,
+            "tokens": step * tokens_per_step,
+            "tokens_per_s": run_tokens / run_time if run_time else 0.0,
+            "val_loss": val_loss,
+            "params": model.num_params(),
+            "minutes": elapsed / 60,
+        }
+        if master:
+            writer.close()
+            print(
+                f"{name}: {step} steps, {summary['tokens']:,} tokens, {summary['tokens_per_s']:,.0f} tokens/s, "
+                f"held-out loss {val_loss:.4f}, {summary['params']:,} parameters, {summary['minutes']:.1f} min "
+                f"-> {out_dir}"
+            )
+        if distributed:
+            dist.destroy_process_group()
+        return summary
+    finally:  # give the caller (a test, say) its own handlers back
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def truncate_log(path: Path, step: int) -> None:
+    """Drop log lines after the checkpoint's step, so a resumed curve continues without a seam."""
+    if not path.exists():
+        return
+    lines = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
+    path.write_text("".join(line + "\n" for line in lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,64 @@
+"""Write a story from a prompt with a trained checkpoint, streaming tokens as they come.
+
+With the KV cache, each new token runs through the model alone. Past the window, a rope model
+slides its cache; a model with learned positions re-runs the last window for each token.
+
+Examples:
+    python scripts/sample.py checkpoints/pretrain-rope --prompt "Once upon a time" --max-new-tokens 600
+    python scripts/sample.py checkpoints/pretrain --prompt "Lily saw a cat." --temperature 0
+    python scripts/sample.py /tmp/tiny --data-dir /tmp/tinydata --device cpu --max-new-tokens 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from mvgpt.checkpoint import load_model  # noqa: E402
+from mvgpt.data import DATA_DIR, data_tokenizer_hash  # noqa: E402
+from mvgpt.device import pick_device  # noqa: E402
+from mvgpt.tokenizer import Tokenizer  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> str:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("checkpoint", help="run folder or checkpoint file")
+    p.add_argument("--prompt", default="Once upon a time")
+    p.add_argument("--max-new-tokens", type=int, default=300, help="may exceed the window")
+    p.add_argument("--temperature", type=float, default=0.8, help="0 is greedy")
+    p.add_argument("--top-k", type=int, default=50)
+    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--no-cache", action="store_true", help="re-read the last window for every token")
+    p.add_argument("--data-dir", default=str(DATA_DIR), help="where the tokenizer is")
+    p.add_argument("--device", help="cpu, cuda, mps (default: the best present)")
+    args = p.parse_args(argv)
+    if args.max_new_tokens < 0:
+        raise SystemExit("error: --max-new-tokens must be >= 0")
+
+    device = pick_device(args.device)
+    tokenizer = Tokenizer.load(Path(args.data_dir) / "tokenizer.json")
+    model, _ = load_model(args.checkpoint, device, data_tokenizer_hash(args.data_dir) or tokenizer.hash)
+    ids = tokenizer.encode(args.prompt) or [tokenizer.eot]
+    idx = torch.tensor([ids], device=device)
+    print(args.prompt, end="", flush=True)
+    pending, out = b"", []
+    for token in model.generate(idx, args.max_new_tokens, args.temperature, args.top_k, args.seed, not args.no_cache):
+        out.append(token.item())
+        pending += tokenizer.decode_bytes([token.item()])
+        try:  # print whole characters only: a token can end inside a multi-byte one
+            text = pending.decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        print(text, end="", flush=True)
+        pending = b""
+    print()
+    return tokenizer.decode(out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""Shared fixtures: a small made-up corpus (no network, nothing from ../shared), tiny models."""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from mvgpt.data import prepare  # noqa: E402
+from mvgpt.model import GPT, GPTConfig  # noqa: E402
+
+NAMES = ["Lily", "Tom", "Mia", "Ben", "Zoë", "José"]
+THINGS = ["a red ball", "a big dog", "a shiny car", "a small bird", "a café", "a kite 🪁"]
+VERBS = ["saw", "liked", "found", "wanted", "lost", "shared"]
+
+
+def make_story(rng: random.Random) -> str:
+    lines = []
+    for _ in range(rng.randint(2, 5)):
+        name, verb, thing = rng.choice(NAMES), rng.choice(VERBS), rng.choice(THINGS)
+        lines.append(f"{name} {verb} {thing}. \"It is {rng.choice(['fun', 'nice', 'sad'])}!\" said {name}.")
+    return "\n".join(lines)
+
+
+def write_corpus(path: Path, n_stories: int, seed: int) -> Path:
+    rng = random.Random(seed)
+    path.write_text("".join(make_story(rng) + "\n<|endoftext|>\n" for _ in range(n_stories)), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="session")
+def corpus_dir(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("corpus")
+    write_corpus(folder / "train.txt", 400, seed=1)
+    write_corpus(folder / "valid.txt", 60, seed=2)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def data_dir(corpus_dir, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("data")
+    prepare(corpus_dir, out, vocab_size=300)
+    return out
+
+
+def tiny_config(**overrides) -> GPTConfig:
+    fields = dict(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32)
+    fields.update(overrides)
+    return GPTConfig(**fields)
+
+
+def tiny_model(seed: int = 0, **overrides) -> GPT:
+    torch.manual_seed(seed)
+    return GPT(tiny_config(**overrides)).eval()
