@@ -20,6 +20,8 @@ import torch.nn.functional as F
 
 from mvgpt.rope_scaling import RopeScaling, scaled_angles
 
+Angles = tuple[torch.Tensor, torch.Tensor]  # cos, sin: (T, head/2) each
+
 
 @dataclass
 class GPTConfig:
@@ -81,6 +83,17 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
 
 
+def rotation_between(old: Angles, new: Angles) -> Angles:
+    """cos, sin of the turn that takes keys rotated by `old` angles to `new` ones: new - old.
+
+    cos(b - a) = cos b cos a + sin b sin a, sin(b - a) = sin b cos a - cos b sin a, divided by
+    the tables' squared magnitude (1, except under YaRN's temperature).
+    """
+    (cos_a, sin_a), (cos_b, sin_b) = old, new
+    norm = cos_a * cos_a + sin_a * sin_a
+    return (cos_b * cos_a + sin_b * sin_a) / norm, (sin_b * cos_a - cos_b * sin_a) / norm
+
+
 # ----------------------------------------------------------------------------------------------
 # KV cache
 
@@ -93,6 +106,11 @@ class KVCache:
     (n_layer, B, H, capacity, head): the tokens held are rows start..start+length-1, so `slide`
     only moves `start` on; when a new token would not fit at the end, the held rows are copied to
     the front once (with capacity = 2 windows, that is once per window of tokens, not per token).
+
+    Reading past the training context (rope_scaling.py) adds two things. A cache that shifts
+    re-rotates its keys when tokens are dropped, so the next token's rotary position is
+    `position - shift`. And with dynamic NTK, whose angles change as the story grows, keys are
+    stored unrotated (`rotated` False) and turned by the current angles at every step.
     """
 
     def __init__(
@@ -110,6 +128,13 @@ class KVCache:
         self.start = 0  # first row held
         self.length = 0  # rows held
         self.position = 0  # the next token's place in the story
+        self.shift = 0  # how far the held keys were turned back (a shifting slide)
+        self.rotated = True  # keys are stored rotated (False: dynamic NTK rotates them late)
+
+    @property
+    def rotary_position(self) -> int:
+        """The rotary position of the next token: its place in the story, less the shift."""
+        return self.position - self.shift
 
     def reserve(self, T: int) -> None:
         """Make room for T more tokens at the end (called once per forward, before the blocks)."""
@@ -136,13 +161,38 @@ class KVCache:
         self.length += T
         self.position += T
 
-    def slide(self, keep: int) -> None:
-        """Drop all but the newest `keep` tokens, in every block. `position` is unchanged."""
-        if keep < 0:
-            raise ValueError(f"slide(keep) needs keep >= 0, got {keep}")
-        drop = max(self.length - keep, 0)
-        self.start += drop
-        self.length -= drop
+    def slide(self, keep: int, sinks: int = 0, angles: Angles | None = None) -> None:
+        """Drop all but the newest `keep` tokens, in every block. `position` is unchanged.
+
+        sinks: the first `sinks` tokens held stay too (attention sinks, as in StreamingLLM), with
+        the newest keep - sinks. angles: the model's `GPT.angles`; when given, the keys that move
+        are re-rotated to contiguous positions after the sinks (R(a)R(b) = R(a+b), as llama.cpp's
+        context shift does), so no distance in the cache exceeds what it holds.
+        """
+        if not 0 <= sinks <= keep:
+            raise ValueError(f"slide needs 0 <= sinks <= keep, got keep={keep}, sinks={sinks}")
+        drop = self.length - keep
+        if drop <= 0:
+            return
+        if sinks == 0:  # the usual case: move the start on, nothing is copied
+            self.start += drop
+        else:  # the newest tokens move down to follow the sinks
+            src = slice(self.start + sinks + drop, self.start + self.length)
+            dst = slice(self.start + sinks, self.start + keep)
+            self.k[:, :, :, dst] = self.k[:, :, :, src].clone()
+            self.v[:, :, :, dst] = self.v[:, :, :, src].clone()
+        if angles is not None:
+            if self.rotated:  # turn the moved keys back by `drop` positions
+                moved = keep - sinks
+                old_start = self.rotary_position - moved
+                device = self.k.device
+                turn = rotation_between(angles(old_start, moved, device), angles(old_start - drop, moved, device))
+                rows = slice(self.start + sinks, self.start + keep)
+                self.k[:, :, :, rows] = rotate(self.k[:, :, :, rows], *turn)
+            self.shift += drop
+        elif sinks and not self.rotated:
+            raise ValueError("unrotated keys (dynamic NTK) need contiguous positions: slide with angles")
+        self.length = keep
 
 
 # ----------------------------------------------------------------------------------------------
@@ -159,19 +209,24 @@ class CausalSelfAttention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        angles: tuple[torch.Tensor, torch.Tensor] | None = None,
+        angles: Angles | None = None,
         cache: KVCache | None = None,
         layer: int = 0,
+        key_angles: Angles | None = None,
     ) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.qkv(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
         if angles is not None:  # rotate before the cache stores the keys; values never turn
-            q, k = rotate(q, *angles), rotate(k, *angles)
+            q = rotate(q, *angles)
+            if key_angles is None:
+                k = rotate(k, *angles)
         held = 0
         if cache is not None:
             held = cache.length
             k, v = cache.update(layer, k, v)  # (B, H, held + T, head)
+        if key_angles is not None:  # dynamic NTK: every key turned by today's angles
+            k = rotate(k, *key_angles)
         if held == 0:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         elif T == 1:  # one new token sees everything held: no mask needed
@@ -200,8 +255,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd)
         self.mlp = MLP(config)
 
-    def forward(self, x, angles=None, cache=None, layer=0):  # (B, T, C) -> (B, T, C)
-        x = x + self.attn(self.ln_1(x), angles, cache, layer)
+    def forward(self, x, angles=None, cache=None, layer=0, key_angles=None):  # (B, T, C) -> (B, T, C)
+        x = x + self.attn(self.ln_1(x), angles, cache, layer, key_angles)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -209,7 +264,8 @@ class GPT(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.config = config
-        self.rope_scaling: RopeScaling | None = None  # context extension, set when reading (not saved)
+        self.context = config.block_size  # tokens read at once (set_context changes it; not saved)
+        self.rope_scaling: RopeScaling | None = None  # how rotary positions fit that context
         rng = torch.get_rng_state()  # so both kinds draw the same weights for the parts they share
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
@@ -239,19 +295,36 @@ class GPT(nn.Module):
         if not self.config.rope:
             nn.init.normal_(self.wpe.weight, mean=0.0, std=0.02)
 
+    def set_context(self, ctx: int | None = None, method: str = "none", factor: float | None = None) -> None:
+        """Read `ctx` tokens at once (default: the training context, block_size), with rotary
+        positions scaled by `method` (see rope_scaling.py) to fit it. Learned positions cannot
+        read past their table."""
+        cfg = self.config
+        ctx = cfg.block_size if ctx is None else ctx
+        if ctx < 1:
+            raise ValueError(f"a context of {ctx} tokens is below 1: ask for at least one token")
+        if not cfg.rope and (ctx > cfg.block_size or method != "none"):
+            raise ValueError(
+                f"this model has learned positions, whose table stops at {cfg.block_size}: it cannot read "
+                f"{ctx} tokens or scale its positions (use a rope model, or --ctx {cfg.block_size} or less)"
+            )
+        self.context = ctx
+        self.rope_scaling = None if method == "none" else RopeScaling(method, cfg.block_size, ctx, factor)
+        self._angle_table = {}
+
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())  # tied weights counted once
 
-    def angles(self, start: int, T: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    def angles(self, start: int, T: int, device: torch.device | str | None = None, length: int | None = None) -> Angles:
         """cos, sin (T, head/2) for positions start..start+T-1, sliced from a table made once.
 
         The table is recomputed only when the positions outgrow it or the scaling changes, so a
         decoding step does no trigonometry. Scalings whose angles depend on the length read so far
-        (dynamic NTK) are computed for the exact span instead.
+        (dynamic NTK; `length`, by default start + T) are computed for the exact span instead.
         """
         cfg, scaling = self.config, self.rope_scaling
         if scaling is not None and scaling.depends_on_length:
-            scaling = scaling.at_length(start + T)
+            scaling = scaling.at_length(length if length is not None else start + T)
             return rotary(start, T, cfg.head_size, device, cfg.rope_theta, scaling, cfg.rope_linear_factor)
         key = (str(device), scaling)
         table = self._angle_table.get(key)
@@ -273,13 +346,21 @@ class GPT(nn.Module):
         With a cache, the tokens continue the story at cache.position, and the cache moves on by T.
         """
         B, T = idx.shape
-        start = cache.position if cache is not None else 0
+        start = cache.rotary_position if cache is not None else 0
         if cache is not None:
             cache.reserve(T)
         x = self.wte(idx)  # (B, T, C)
-        angles = None
+        angles = key_angles = None
         if self.config.rope:  # angles once, for all the blocks
             angles = self.angles(start, T, idx.device)
+            late = self.rope_scaling is not None and self.rope_scaling.depends_on_length
+            if cache is not None and (late or not cache.rotated):
+                if cache.length == 0:
+                    cache.rotated = not late
+                elif cache.rotated == late:
+                    raise ValueError("this cache was filled under another rope scaling: start a new one")
+                if late:  # the held keys are unrotated: turn them all by the current angles
+                    key_angles = self.angles(start - cache.length, cache.length + T, idx.device, length=start + T)
         else:
             if start + T > self.config.block_size:
                 raise ValueError(
@@ -289,7 +370,7 @@ class GPT(nn.Module):
                 )
             x = x + self.wpe(torch.arange(start, start + T, device=idx.device))
         for layer, block in enumerate(self.blocks):
-            x = block(x, angles, cache, layer)
+            x = block(x, angles, cache, layer, key_angles)
         if cache is not None:
             cache.advance(T)
         if last_only:
@@ -319,13 +400,13 @@ class GPT(nn.Module):
         positions re-run the last window for each token, as their positions are baked into every
         cached key and value.
         """
-        window = self.config.block_size
+        window = self.context
         generator = None
         if seed is not None:
             generator = torch.Generator(device=idx.device).manual_seed(seed)
         cache = None
         if use_cache:
-            cache = KVCache(self.config, idx.shape[0], device=idx.device, dtype=self.wte.weight.dtype)
+            cache = KVCache(self.config, idx.shape[0], 2 * window, idx.device, self.wte.weight.dtype)
             logits, _ = self(idx[:, -window:], cache=cache, last_only=True)
         for _ in range(max_new_tokens):
             if cache is None:

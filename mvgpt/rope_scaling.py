@@ -24,6 +24,7 @@ Only `rotary()` in model.py calls this: the angles come from one place.
 
 from __future__ import annotations
 
+import argparse
 import math
 from dataclasses import dataclass, replace
 
@@ -125,3 +126,20 @@ def yarn_speeds(speeds: torch.Tensor, theta: float, scaling: RopeScaling) -> tor
 def yarn_magnitude(s: float) -> float:
     """YaRN's temperature: queries and keys each scaled by 0.1 ln(s) + 1."""
     return 0.1 * math.log(s) + 1.0 if s > 1 else 1.0
+
+
+def add_context_args(parser: argparse.ArgumentParser) -> None:
+    """--ctx and --rope-scaling (+ --rope-factor), for every script that reads a model."""
+    parser.add_argument("--ctx", type=int, help="the context to read, in tokens (default: the training context)")
+    parser.add_argument("--rope-scaling", default="none", choices=METHODS,
+                        help="how rotary positions are scaled to fit --ctx (default: none)")
+    parser.add_argument("--rope-factor", type=float,
+                        help="linear: the factor s (default ctx / training context); dynamic-ntk: f (default 1)")
+
+
+def apply_context_args(model, args: argparse.Namespace) -> None:
+    """model.set_context from the flags, with a one-line error for a context it cannot read."""
+    try:
+        model.set_context(args.ctx, args.rope_scaling, args.rope_factor)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None

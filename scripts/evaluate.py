@@ -29,12 +29,13 @@ from mvgpt.checkpoint import load_model  # noqa: E402
 from mvgpt.data import DATA_DIR, data_tokenizer_hash, load_tokens  # noqa: E402
 from mvgpt.device import pick_device  # noqa: E402
 from mvgpt.model import GPT  # noqa: E402
+from mvgpt.rope_scaling import add_context_args, apply_context_args  # noqa: E402
 
 
 @torch.no_grad()
 def evaluate(model: GPT, tokens, device: torch.device, max_tokens: int | None = None, batch_size: int = 8) -> dict:
-    """{loss, perplexity, accuracy, tokens} over windows of block_size + 1 tokens."""
-    T = model.config.block_size
+    """{loss, perplexity, accuracy, tokens} over windows of the model's context (+ 1) tokens."""
+    T = model.context
     n_windows = (len(tokens) - 1) // T
     if max_tokens is not None:
         n_windows = min(n_windows, max(1, max_tokens // T))
@@ -62,6 +63,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--device", help="cpu, cuda, mps (default: the best present)")
     p.add_argument("--json", help="also write the table here")
+    add_context_args(p)
     args = p.parse_args(argv)
 
     device = pick_device(args.device)
@@ -71,7 +73,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print(f"{'model':<28} {'params':>12} {'loss':>8} {'perplexity':>11} {'accuracy':>9}")
     for path in args.checkpoints:
         model, _ = load_model(path, device, tok_hash)
-        row = {"model": Path(path).name, "params": model.num_params(), "context": model.config.block_size}
+        apply_context_args(model, args)
+        row = {"model": Path(path).name, "params": model.num_params(), "context": model.context,
+               "rope_scaling": args.rope_scaling}
         row.update(evaluate(model, val, device, args.tokens, args.batch_size))
         rows.append(row)
         print(

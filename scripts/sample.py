@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from mvgpt.checkpoint import load_model  # noqa: E402
 from mvgpt.data import DATA_DIR, data_tokenizer_hash  # noqa: E402
 from mvgpt.device import pick_device  # noqa: E402
+from mvgpt.rope_scaling import add_context_args, apply_context_args  # noqa: E402
 from mvgpt.tokenizer import Tokenizer  # noqa: E402
 
 
@@ -36,6 +37,7 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--no-cache", action="store_true", help="re-read the last window for every token")
     p.add_argument("--data-dir", default=str(DATA_DIR), help="where the tokenizer is")
     p.add_argument("--device", help="cpu, cuda, mps (default: the best present)")
+    add_context_args(p)
     args = p.parse_args(argv)
     if args.max_new_tokens < 0:
         raise SystemExit("error: --max-new-tokens must be >= 0")
@@ -43,6 +45,7 @@ def main(argv: list[str] | None = None) -> str:
     device = pick_device(args.device)
     tokenizer = Tokenizer.load(Path(args.data_dir) / "tokenizer.json")
     model, _ = load_model(args.checkpoint, device, data_tokenizer_hash(args.data_dir) or tokenizer.hash)
+    apply_context_args(model, args)  # --ctx: the window generate reads and slides
     ids = tokenizer.encode(args.prompt) or [tokenizer.eot]
     idx = torch.tensor([ids], device=device)
     print(args.prompt, end="", flush=True)

@@ -1,0 +1,63 @@
+import json
+
+import context
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import tiny_model
+
+from mvgpt.checkpoint import save_checkpoint
+from mvgpt.data import data_tokenizer_hash
+
+
+def stream(length: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, 64, (1, length), generator=torch.Generator().manual_seed(seed))
+
+
+def test_sliding_cache_equals_sliding_window_with_one_block():
+    model = tiny_model(rope=True, n_layer=1)
+    s = stream(3 * 16)
+    window, cached = context.window_losses(model, s), context.cache_losses(model, s)
+    assert window.shape == cached.shape == (2 * 16,)
+    torch.testing.assert_close(cached, window, atol=1e-4, rtol=0)
+
+
+def test_full_losses_equal_a_single_forward():
+    model = tiny_model(rope=True)
+    s = stream(48, seed=1)
+    logits, _ = model(s[:, :-1])
+    expected = torch.stack([F.cross_entropy(logits[0, t], s[0, t + 1]) for t in range(15, 47)])
+    torch.testing.assert_close(context.full_losses(model, s), expected, atol=1e-6, rtol=0)
+
+
+def test_window_losses_of_learned_positions_read_exactly_the_window():
+    model = tiny_model()
+    s = stream(40, seed=2)
+    losses = context.window_losses(model, s)
+    logits, _ = model(s[:, 24 - 16 : 24])
+    assert losses.shape == (24,)
+    torch.testing.assert_close(losses[24 - 16], F.cross_entropy(logits[:, -1], s[:, 24]))
+
+
+def test_timed_returns_losses_and_ms_per_token():
+    model = tiny_model(rope=True)
+    losses, ms = context.timed(context.cache_losses, model, stream(40))
+    assert losses.shape == (24,) and ms > 0
+
+
+def test_context_script_table_and_json(data_dir, tmp_path, capsys):
+    h = data_tokenizer_hash(data_dir)
+    save_checkpoint(tmp_path / "pretrain", tiny_model(vocab_size=300), tokenizer_hash=h)
+    save_checkpoint(tmp_path / "pretrain-rope", tiny_model(vocab_size=300, rope=True), tokenizer_hash=h)
+    out = context.main([str(tmp_path / "pretrain"), str(tmp_path / "pretrain-rope"), "--device", "cpu",
+                        "--length", "48", "--streams", "2", "--data-dir", str(data_dir),
+                        "--json", str(tmp_path / "c.json")])
+    assert [(r["model"], r["method"]) for r in out["rows"]] == [
+        ("pretrain", "sliding window"), ("pretrain-rope", "sliding window"),
+        ("pretrain-rope", "sliding cache"), ("pretrain-rope", "full context")]
+    assert all(len(r["position_losses"]) == 32 for r in out["rows"])
+    assert json.loads((tmp_path / "c.json").read_text()) == json.loads(json.dumps(out))
+    printed = capsys.readouterr().out
+    assert "learned positions stop at 16" in printed
+    with pytest.raises(SystemExit, match="does not reach past"):
+        context.main([str(tmp_path / "pretrain-rope"), "--length", "16", "--data-dir", str(data_dir)])
