@@ -14,13 +14,15 @@ Reading past the training context (--ctx, --sinks):
   of N tokens, each scored on its second half only (every scored token has at least N/2 tokens
   of context), for each --rope-scaling method; plus the KV cache's memory at each N;
 - with --sinks K, long streams through a sliding cache that keeps the story's first K tokens
-  (attention sinks), at their original positions or shifted so no distance exceeds the window.
+  (attention sinks), at their original positions or shifted so no distance exceeds the window;
+- with --dynamic, dynamic NTK through a cache against recomputing everything at each length.
 
 Examples:
     python scripts/context.py checkpoints/* --device cpu
     python scripts/context.py checkpoints/pretrain-rope --ctx 256 384 512 768 1024 1536 2048 \
         --rope-scaling none linear linear-when-needed pr-nonlinear ntk dynamic-ntk yarn --json results/sweep.json
     python scripts/context.py checkpoints/pretrain-rope --sinks 4 --length 1024 --json results/sinks.json
+    python scripts/context.py checkpoints/pretrain-rope --dynamic --length 512 --streams 2
     python scripts/context.py checkpoints/pretrain-rope --streams 2 --json results/context.json
     python scripts/context.py /tmp/tiny --data-dir /tmp/tinydata --length 96 --streams 1   # tiny, seconds
 """
@@ -108,6 +110,32 @@ def sink_cache_losses(model: GPT, stream: torch.Tensor, sinks: int, shift: bool)
         logits, _ = model(stream[:, t : t + 1], cache=cache)
         if t + 1 >= W:
             losses.append(F.cross_entropy(logits[:, -1].float(), stream[:, t + 1]))
+    return torch.stack(losses)
+
+
+@torch.no_grad()
+def growing_cache_losses(model: GPT, stream: torch.Tensor) -> torch.Tensor:
+    """One token at a time into a cache that never slides (the model reads the whole stream, so
+    set_context to its length first); the losses of the tokens past the first window."""
+    W = model.config.block_size
+    cache = KVCache(model.config, stream.shape[0], stream.shape[1], stream.device)
+    losses = []
+    for t in range(stream.shape[1] - 1):
+        logits, _ = model(stream[:, t : t + 1], cache=cache)
+        if t + 1 >= W:
+            losses.append(F.cross_entropy(logits[:, -1].float(), stream[:, t + 1]))
+    return torch.stack(losses)
+
+
+@torch.no_grad()
+def prefix_losses(model: GPT, stream: torch.Tensor) -> torch.Tensor:
+    """Each token past the first window predicted by a full forward over everything before it:
+    under dynamic NTK, every key and value then comes from the base of that one length."""
+    W = model.config.block_size
+    losses = []
+    for t in range(W, stream.shape[1]):
+        logits, _ = model(stream[:, :t], last_only=True)
+        losses.append(F.cross_entropy(logits[:, -1].float(), stream[:, t]))
     return torch.stack(losses)
 
 
@@ -255,6 +283,22 @@ def sinks_table(args: argparse.Namespace, models: list[tuple[str, GPT]], streams
     return {"length": args.length, "streams": len(streams), "sinks": k, "rows": rows}
 
 
+def dynamic_table(args: argparse.Namespace, models: list[tuple[str, GPT]], streams: list[torch.Tensor]) -> dict:
+    """Dynamic NTK through a cache (keys stored unrotated and turned by today's base; values of
+    older tokens computed under older bases) against recomputing everything at each length."""
+    rows = []
+    for name, model in models:
+        if not model.config.rope:
+            continue
+        model.set_context(args.length, "dynamic-ntk")
+        rows.append(score(name, "dynamic-ntk, cached", growing_cache_losses, model, streams))
+        rows.append(score(name, "dynamic-ntk, recomputed", prefix_losses, model, streams))
+        model.set_context()
+        rows.append(score(name, "none, cached", growing_cache_losses, model, streams))
+    print_rows(f"dynamic NTK with a cache: {len(streams)} streams of {args.length} tokens", rows, [])
+    return {"length": args.length, "streams": len(streams), "rows": rows}
+
+
 def sweep(args: argparse.Namespace, models: list[tuple[str, GPT]], paths: list[str], val,
           device: torch.device) -> dict:
     """Loss and perplexity for each context and scaling method (rows n_ctx, columns methods)."""
@@ -316,6 +360,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--sweep-tokens", type=int, default=16384, help="held-out tokens read per sweep cell")
     p.add_argument("--no-memory", dest="memory", action="store_false", help="skip the sweep's memory table")
     p.add_argument("--sinks", type=int, help="measure a sliding cache that keeps the first SINKS tokens")
+    p.add_argument("--dynamic", action="store_true", help="measure dynamic NTK's cache against recomputing")
     args = p.parse_args(argv)
     for n in args.ctx or []:
         if n < 1:
@@ -339,7 +384,12 @@ def main(argv: list[str] | None = None) -> dict:
         if len(streams) < args.streams:
             raise SystemExit(f"error: the held-out set has {len(val)} tokens, too few for "
                              f"{args.streams} x {args.length}: use fewer --streams or a smaller --length")
-        result = sinks_table(args, models, streams) if args.sinks else past_window(args, models, streams)
+        if args.sinks:
+            result = sinks_table(args, models, streams)
+        elif args.dynamic:
+            result = dynamic_table(args, models, streams)
+        else:
+            result = past_window(args, models, streams)
     result = {"machine": machine(device), "device": str(device), **result}
     print(f"measured on {result['machine']}")
     if args.json:

@@ -1,4 +1,5 @@
 import json
+import math
 
 import context
 import pytest
@@ -61,3 +62,37 @@ def test_context_script_table_and_json(data_dir, tmp_path, capsys):
     assert "learned positions stop at 16" in printed
     with pytest.raises(SystemExit, match="does not reach past"):
         context.main([str(tmp_path / "pretrain-rope"), "--length", "16", "--data-dir", str(data_dir)])
+
+
+def test_sweep_sinks_and_dynamic_modes(data_dir, tmp_path):
+    h = data_tokenizer_hash(data_dir)
+    save_checkpoint(tmp_path / "pretrain", tiny_model(vocab_size=300), tokenizer_hash=h)
+    save_checkpoint(tmp_path / "pretrain-rope", tiny_model(vocab_size=300, rope=True), tokenizer_hash=h)
+    paths = [str(tmp_path / "pretrain"), str(tmp_path / "pretrain-rope")]
+    common = ["--device", "cpu", "--data-dir", str(data_dir)]
+    out = context.main([*paths, *common, "--ctx", "8", "16", "32", "--rope-scaling", "none", "linear", "yarn",
+                        "--sweep-tokens", "64", "--no-memory"])
+    cells = {(r["model"], r["ctx"], r["method"]): r for r in out["rows"]}
+    assert ("pretrain", 32, "none") not in cells and ("pretrain", 16, "linear") not in cells
+    assert cells[("pretrain-rope", 16, "yarn")]["loss"] == cells[("pretrain-rope", 16, "none")]["loss"]
+    assert cells[("pretrain-rope", 16, "linear")]["loss"] != cells[("pretrain-rope", 16, "none")]["loss"]
+    assert cells[("pretrain-rope", 32, "none")]["tokens"] == 2 * 15  # two chunks, second halves scored
+    for r in out["rows"]:
+        assert math.isclose(r["perplexity"], math.exp(r["loss"]))
+    sinks = context.main([paths[1], *common, "--sinks", "2", "--streams", "1"])
+    assert [r["method"] for r in sinks["rows"]] == ["sliding cache", "2 sinks, unshifted", "2 sinks, shifted",
+                                                   "sliding window"]
+    assert all(len(r["position_losses"]) == 3 * 16 for r in sinks["rows"])  # four windows by default
+    dynamic = context.main([paths[1], *common, "--dynamic", "--length", "32", "--streams", "1"])
+    assert [r["method"] for r in dynamic["rows"]] == ["dynamic-ntk, cached", "dynamic-ntk, recomputed", "none, cached"]
+    with pytest.raises(SystemExit, match="below 1"):
+        context.main([paths[1], *common, "--ctx", "0"])
+
+
+def test_memory_is_computed_and_measured(tmp_path):
+    model = tiny_model(vocab_size=300, rope=True)
+    assert context.kv_bytes_per_token(model) == 2 * 2 * 32 * 4  # keys and values, 2 blocks, 32 channels, fp32
+    save_checkpoint(tmp_path / "r", model)
+    small, large = context.measure_memory(str(tmp_path / "r"), model, [16, 16384], torch.device("cpu"))
+    assert large["kv_bytes"] == 16384 * 2 * 2 * 32 * 4
+    assert large["peak_bytes"] >= large["kv_bytes"] > small["peak_bytes"]  # the cache alone is in the peak
