@@ -225,20 +225,25 @@ def timed(method: Callable, model: GPT, stream: torch.Tensor) -> tuple[torch.Ten
 def past_window(args: argparse.Namespace, models: list[tuple[str, GPT]], streams: list[torch.Tensor]) -> dict:
     """The episode's table: each model and method, its loss past the first window and ms/token."""
     rows, notes = [], []
-    windows_seen = {model.config.block_size for _, model in models}
+    windows_seen = set()
     for name, model in models:
         W = model.config.block_size
         if args.length <= W:
-            raise SystemExit(f"error: --length {args.length} does not reach past {name}'s window of {W}: use > {W}")
+            notes.append(f"{name}: its window of {W} reaches the end of the {args.length}-token streams: "
+                         f"skipped (use --length > {W})")
+            continue
+        windows_seen.add(W)
         methods = list(METHODS)
         if not model.config.rope:  # learned positions stop at the window: no sliding cache, no longer view
             methods = ["sliding window"]
             notes.append(f"{name}: learned positions stop at {W}, so its cache cannot slide and it "
                          "cannot see further: the sliding window alone")
         for method in methods:
-            rows.append(score(name, method, METHODS[method], model, streams))
-    print_rows(f"past the window: {len(streams)} streams of {args.length} tokens, the last "
-               f"{args.length - min(windows_seen)} of each scored", rows, notes)
+            rows.append({**score(name, method, METHODS[method], model, streams), "window": W})
+    if not rows:
+        raise SystemExit(f"error: --length {args.length} does not reach past any model's window: make it longer")
+    print_rows(f"past the window: {len(streams)} streams of {args.length} tokens, each scored from the end "
+               "of its model's first window", rows, notes)
     return {"length": args.length, "streams": len(streams), "window": min(windows_seen), "rows": rows,
             "notes": notes}
 

@@ -60,7 +60,7 @@ def test_context_script_table_and_json(data_dir, tmp_path, capsys):
     assert json.loads((tmp_path / "c.json").read_text()) == json.loads(json.dumps(out))
     printed = capsys.readouterr().out
     assert "learned positions stop at 16" in printed
-    with pytest.raises(SystemExit, match="does not reach past"):
+    with pytest.raises(SystemExit, match="does not reach past any model's window"):
         context.main([str(tmp_path / "pretrain-rope"), "--length", "16", "--data-dir", str(data_dir)])
 
 
