@@ -1,0 +1,64 @@
+"""Export a checkpoint as an HF transformers model: GPT-2 (learned positions) or GPT-NeoX (rope).
+
+Writes config.json, generation_config.json, model.safetensors, tokenizer.json,
+tokenizer_config.json and a README.md into OUTDIR; `AutoModelForCausalLM.from_pretrained(OUTDIR)`
+and `AutoTokenizer.from_pretrained(OUTDIR)` then compute what mvGPT does (see docs/export.md).
+A rope model can carry a context extension where transformers has the same method: linear,
+dynamic-ntk (as dynamic) and yarn; the others are refused. Needs the export extra
+(`pip install -e .[export]`).
+
+Examples:
+    python scripts/export.py checkpoints/pretrain exports/pretrain
+    python scripts/export.py checkpoints/pretrain-rope exports/rope-yarn --ctx 1024 --rope-scaling yarn
+    python scripts/export.py /tmp/tiny /tmp/tiny-hf --data-dir /tmp/tinydata   # a tiny CPU run
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from mvgpt.checkpoint import checkpoint_path, load_model  # noqa: E402
+from mvgpt.data import DATA_DIR, data_tokenizer_hash  # noqa: E402
+from mvgpt.export import export  # noqa: E402
+from mvgpt.rope_scaling import METHODS, RopeScaling  # noqa: E402
+from mvgpt.tokenizer import Tokenizer  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> Path:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("checkpoint", help="run folder or checkpoint file")
+    p.add_argument("outdir", help="folder to write the transformers model into")
+    p.add_argument("--data-dir", default=str(DATA_DIR), help="where the tokenizer is")
+    p.add_argument("--ctx", type=int, help="context to read at, with --rope-scaling (default: the training one)")
+    # all of mvGPT's methods are accepted here, so the ones without an equivalent get a reason, not a usage line
+    p.add_argument("--rope-scaling", choices=METHODS, help="context extension to carry into the export")
+    p.add_argument("--rope-factor", type=float,
+                   help="linear: s (default: ctx / training ctx); dynamic-ntk: f (default 1)")
+    args = p.parse_args(argv)
+    if args.rope_scaling is None and (args.ctx is not None or args.rope_factor is not None):
+        raise SystemExit("error: --ctx and --rope-factor need --rope-scaling (linear, dynamic-ntk or yarn)")
+    if args.ctx is not None and args.ctx < 1:
+        raise SystemExit(f"error: --ctx must be at least 1 token, got {args.ctx}")
+    if args.rope_factor is not None and args.rope_factor <= 0:
+        raise SystemExit(f"error: --rope-factor must be positive, got {args.rope_factor}")
+    if args.rope_factor is not None and args.rope_scaling not in ("linear", "dynamic-ntk"):
+        # mvGPT's other methods ignore the factor; exporting as if it mattered would mislead
+        raise SystemExit(f"error: --rope-factor is for linear and dynamic-ntk, not {args.rope_scaling}")
+
+    tokenizer = Tokenizer.load(Path(args.data_dir) / "tokenizer.json")
+    model, state = load_model(args.checkpoint, "cpu", data_tokenizer_hash(args.data_dir) or tokenizer.hash)
+    if args.rope_scaling is not None:
+        ctx = args.ctx or model.config.block_size
+        model.rope_scaling = RopeScaling(args.rope_scaling, model.config.block_size, ctx, args.rope_factor)
+    outdir = export(model, tokenizer, args.outdir, checkpoint_path(args.checkpoint), state)
+    kind = "GPT-NeoX" if model.config.rope else "GPT-2"
+    print(f"exported {checkpoint_path(args.checkpoint)} as {kind} to {outdir}")
+    return outdir
+
+
+if __name__ == "__main__":
+    main()
