@@ -105,7 +105,7 @@ def download(url: str, dest: Path, max_bytes: int | None = None) -> Path:
             if max_bytes is not None and total is not None:
                 total = min(total, max_bytes)
             done = 0
-            with tqdm(total=total, unit="B", unit_scale=True, desc=dest.name) as bar:
+            with tqdm(total=total, unit="B", unit_scale=True, desc=dest.name, disable=None) as bar:
                 while max_bytes is None or done < max_bytes:
                     chunk = response.read(1 << 20)
                     if not chunk:
@@ -177,7 +177,7 @@ def write_tokens(path: Path, tokenizer: Tokenizer, stories: list[str], desc: str
         raise ValueError(f"vocab of {tokenizer.vocab_size} does not fit in uint16")
     n = 0
     with atomic_path(path) as tmp, open(tmp, "wb") as out:
-        for i in tqdm(range(0, len(stories), chunk), desc=desc, unit="chunk", leave=False):
+        for i in tqdm(range(0, len(stories), chunk), desc=desc, unit="chunk", leave=False, disable=None):
             for ids in tokenizer.encode_batch(stories[i : i + chunk]):
                 ids.append(tokenizer.eot)
                 out.write(np.asarray(ids, dtype=np.uint16).tobytes())

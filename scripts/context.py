@@ -196,7 +196,7 @@ def measure_memory(path: str, model: GPT, contexts: list[int], device: torch.dev
     import multiprocessing as mp
 
     rows = []
-    for ctx in tqdm(contexts, desc="memory", leave=False):
+    for ctx in tqdm(contexts, desc="memory", leave=False, disable=None):
         method = "none" if ctx <= model.config.block_size else "linear-when-needed"
         if device.type == "cuda":
             model.set_context(ctx, method)
@@ -251,7 +251,7 @@ def past_window(args: argparse.Namespace, models: list[tuple[str, GPT]], streams
 def score(name: str, method: str, fn: Callable, model: GPT, streams: list[torch.Tensor]) -> dict:
     """Mean loss and ms/token of one method over the streams, and its mean loss at each position."""
     losses, ms = [], []
-    for stream in tqdm(streams, desc=f"{name}: {method}", leave=False):
+    for stream in tqdm(streams, desc=f"{name}: {method}", leave=False, disable=None):
         got, t = timed(fn, model, stream)
         losses.append(got.cpu())
         ms.append(t)

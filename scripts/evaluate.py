@@ -25,6 +25,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from mvgpt.bench import machine  # noqa: E402
 from mvgpt.checkpoint import load_model  # noqa: E402
 from mvgpt.data import DATA_DIR, data_tokenizer_hash, load_tokens  # noqa: E402
 from mvgpt.device import pick_device  # noqa: E402
@@ -42,7 +43,7 @@ def evaluate(model: GPT, tokens, device: torch.device, max_tokens: int | None = 
     if n_windows < 1:
         raise SystemExit(f"error: {len(tokens)} held-out tokens are too few for one window of {T}")
     total_loss, correct, count = 0.0, 0, 0
-    for i in tqdm(range(0, n_windows, batch_size), desc="evaluate", leave=False):
+    for i in tqdm(range(0, n_windows, batch_size), desc="evaluate", leave=False, disable=None):
         rows = [tokens[j * T : j * T + T + 1] for j in range(i, min(i + batch_size, n_windows))]
         batch = torch.from_numpy(np.stack(rows).astype(np.int64)).to(device)
         x, y = batch[:, :-1], batch[:, 1:]
@@ -85,7 +86,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print(f"({rows[0]['tokens']:,} held-out tokens per model)")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(rows, indent=2))
+        Path(args.json).write_text(json.dumps({"machine": machine(device), "rows": rows}, indent=2))
     return rows
 
 

@@ -31,6 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from mvgpt.bench import machine  # noqa: E402
 from mvgpt.checkpoint import config_from_dict, read_checkpoint, save_checkpoint  # noqa: E402
 from mvgpt.data import DATA_DIR, data_tokenizer_hash, get_batch, load_tokens  # noqa: E402
 from mvgpt.device import pick_device  # noqa: E402
@@ -233,11 +234,13 @@ def main(argv: list[str] | None = None) -> dict:
                     f.write(json.dumps(record) + "\n")
 
         tokens_per_step = args.batch_size * config.block_size * world
+        where = machine(device)
         budget = args.minutes * 60 if args.minutes else float("inf")
         val_loss, evaluated_at = None, None
         from tqdm import tqdm
 
-        bar = tqdm(total=args.max_steps, initial=step, disable=not master, unit="step", dynamic_ncols=True)
+        bar = tqdm(total=args.max_steps, initial=step, disable=None if master else True, unit="step",
+                   dynamic_ncols=True)
         model.train()
         run_tokens, run_time = 0, 0.0
         while step < args.max_steps and elapsed < budget:
@@ -268,12 +271,14 @@ def main(argv: list[str] | None = None) -> dict:
             elapsed += dt
             run_tokens, run_time = run_tokens + tokens_per_step, run_time + dt
             tokens_per_s = tokens_per_step / dt
-            record = {"step": step, "loss": loss_value, "lr": lr, "tokens_per_s": tokens_per_s, "elapsed": elapsed}
+            record = {"step": step, "loss": loss_value, "lr": lr, "tokens": step * tokens_per_step,
+                      "tokens_per_s": tokens_per_s, "elapsed": elapsed}
             if step % args.eval_every == 0 or step == args.max_steps:
                 t1 = time.perf_counter()
                 val_loss = held_out_loss(model, val, args, device, autocast)
                 elapsed += time.perf_counter() - t1
                 record["val_loss"], evaluated_at = val_loss, step
+                record["machine"] = where
             log(record)
             if writer:
                 writer.add_scalar("loss/train", loss_value, step)
@@ -303,7 +308,7 @@ def main(argv: list[str] | None = None) -> dict:
         bar.close()
         if evaluated_at != step:
             val_loss = held_out_loss(model, val, args, device, autocast)
-            log({"step": step, "val_loss": val_loss, "elapsed": elapsed})
+            log({"step": step, "val_loss": val_loss, "elapsed": elapsed, "machine": where})
             if writer:
                 writer.add_scalar("loss/held_out", val_loss, step)
         save(val_loss)

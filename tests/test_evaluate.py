@@ -34,7 +34,8 @@ def test_evaluate_script_table_and_json(data_dir, tmp_path, capsys):
     rows = evaluate.main([str(tmp_path / "a"), str(tmp_path / "b"), "--data-dir", str(data_dir), "--device", "cpu",
                           "--tokens", "160", "--json", str(tmp_path / "out.json")])
     assert [r["model"] for r in rows] == ["a", "b"]
-    assert json.loads((tmp_path / "out.json").read_text()) == rows
+    saved = json.loads((tmp_path / "out.json").read_text())
+    assert saved["rows"] == rows and "cpu" in saved["machine"]
     assert "perplexity" in capsys.readouterr().out
 
 
