@@ -569,6 +569,7 @@ def main(argv: list[str] | None = None) -> list[Path]:
     p.add_argument("--runs", nargs="+", default=list(RUNS), help="run folders to compare, in order")
     p.add_argument("--finetune", default="pretrain-rope-ctx1024-linear", help="the long-context fine-tune's run")
     p.add_argument("--smooth", type=int, default=32, help="positions per mean in the context figure")
+    p.add_argument("--readme", default="README.md", help="copy the main tables between this file's markers ('' : no)")
     p.add_argument("--no-placeholders", action="store_true",
                    help="for a missing input, write nothing (default: a placeholder if the file is absent)")
     args = p.parse_args(argv)
@@ -651,9 +652,33 @@ def main(argv: list[str] | None = None) -> list[Path]:
     weights_outputs(w)
     rotation_figure(w, config)
 
+    if args.readme:
+        readme_outputs(Path(args.readme), w, ["models", "context", "sweep"])
     for path in w.written:
         print(f"wrote {path}")
     return w.written
+
+
+README_START, README_END = "<!-- report.py: start -->", "<!-- report.py: end -->"
+
+
+def readme_outputs(readme: Path, w: Writer, names: list[str]) -> None:
+    """Copy some of the tables into the README, between its two markers (the rest stays as written)."""
+    if not readme.exists():
+        return
+    text = readme.read_text(encoding="utf-8")
+    if README_START not in text or README_END not in text:
+        print(f"note: {readme} has no {README_START} ... {README_END} markers: left alone")
+        return
+    parts = []
+    for name in names:
+        path = w.results / f"{name}.md"
+        if path.exists() and "Not measured yet" not in path.read_text(encoding="utf-8"):
+            parts.append(path.read_text(encoding="utf-8").strip())
+    head, rest = text.split(README_START, 1)
+    _, tail = rest.split(README_END, 1)
+    block = "\n\n".join(parts) if parts else "Run the main job, then `python scripts/report.py`."
+    w._write(readme, f"{head}{README_START}\n{block}\n{README_END}{tail}")
 
 
 if __name__ == "__main__":

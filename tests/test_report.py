@@ -75,7 +75,8 @@ def inputs(tmp_path):
 
 def flags(root: Path) -> list[str]:
     return ["--results-dir", str(root / "results"), "--checkpoints-dir", str(root / "checkpoints"),
-            "--data-dir", str(root / "data"), "--docs-dir", str(root / "docs"), "--smooth", "8"]
+            "--data-dir", str(root / "data"), "--docs-dir", str(root / "docs"), "--smooth", "8",
+            "--readme", str(root / "README.md")]
 
 
 def rows_of(markdown: str) -> list[list[str]]:
@@ -245,7 +246,7 @@ def test_context_extension_outputs(tmp_path):
                                                           "rows": stream_rows}))
     write_log(ckpts / "long" / "log.jsonl", 5, 10, 0.0, final_line=False)
     report.main(["--results-dir", str(results), "--checkpoints-dir", str(ckpts), "--docs-dir", str(docs),
-                 "--finetune", "long", "--no-placeholders"])
+                 "--finetune", "long", "--no-placeholders", "--readme", ""])
     sweep = (docs / "results" / "sweep.md").read_text()
     assert "| 32 | **2.000** / 7.39 | 2.500 / 12.18 |" in sweep
     assert "| 64 | 3.000 / 20.09 | **2.750** / 15.64 |" in sweep
@@ -258,3 +259,16 @@ def test_context_extension_outputs(tmp_path):
     assert "| 32 | 2.000 | – | 2.000 |" in finetune and "| 64 | 3.000 | – | 3.000 |" in finetune
     if HAS_MATPLOTLIB:
         assert (docs / "figures" / "sweep.png").read_bytes().startswith(PNG)
+
+
+def test_readme_gets_the_tables_between_its_markers(inputs):
+    root = inputs["root"]
+    readme = root / "README.md"
+    readme.write_text("# title\n\nbefore\n<!-- report.py: start -->\nold\n<!-- report.py: end -->\nafter\n")
+    report.main(flags(root))
+    text = readme.read_text()
+    assert text.startswith("# title\n\nbefore\n<!-- report.py: start -->\n")
+    assert text.endswith("<!-- report.py: end -->\nafter\n")
+    assert "old" not in text
+    assert (root / "docs" / "results" / "models.md").read_text().strip() in text
+    assert (root / "docs" / "results" / "context.md").read_text().strip() in text
