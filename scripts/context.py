@@ -163,9 +163,9 @@ def kv_bytes_per_token(model: GPT) -> int:
 
 
 def peak_forward_bytes(model: GPT, ctx: int) -> int:
-    """Measured peak memory of one forward over ctx tokens with a KV cache, above what was in use
-    before: CUDA's allocator statistics, or on the CPU the growth of the process's peak resident
-    set (so it needs a process whose earlier peak was lower: see measure_memory)."""
+    """Measured peak memory of one forward over ctx tokens with a KV cache (logits included), above
+    what was in use before: CUDA's allocator statistics, or on the CPU the process's peak resident
+    set, reset just before (Linux's clear_refs), after glibc has handed freed memory back."""
     device = model.wte.weight.device
     idx = torch.zeros(1, ctx, dtype=torch.long, device=device)
     with torch.no_grad():
@@ -176,40 +176,37 @@ def peak_forward_bytes(model: GPT, ctx: int) -> int:
             model(idx, cache=KVCache(model.config, 1, ctx, device))
             torch.cuda.synchronize()
             return torch.cuda.max_memory_allocated(device) - before
-        import resource
+        import ctypes
+        import gc
 
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        gc.collect()
+        ctypes.CDLL("libc.so.6").malloc_trim(0)  # freed memory leaves the process: new pages count
+        Path("/proc/self/clear_refs").write_text("5")  # the peak (VmHWM) restarts from here
+        before = _proc_status_kb("VmRSS")
         model(idx, cache=KVCache(model.config, 1, ctx, device))
-        return 1024 * (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)
+        return 1024 * (_proc_status_kb("VmHWM") - before)
 
 
-def _peak_in_child(path: str, ctx: int, device: str, rope_scaling: str, queue) -> None:
-    model, _ = load_model(path, device)
-    model.set_context(ctx, rope_scaling)
-    model(torch.zeros(1, 8, dtype=torch.long, device=device))  # warm up the kernels first
-    queue.put(peak_forward_bytes(model, ctx))
+def _proc_status_kb(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise OSError(f"no {field} in /proc/self/status")
 
 
-def measure_memory(path: str, model: GPT, contexts: list[int], device: torch.device) -> list[dict]:
-    """KV-cache bytes at each context, computed, and the peak of a forward there, measured (on the
-    CPU each in a fresh process, as a process's peak resident set only grows)."""
-    import multiprocessing as mp
-
+def measure_memory(model: GPT, contexts: list[int]) -> list[dict]:
+    """KV-cache bytes at each context, computed, and the peak of a forward there, measured."""
     rows = []
     for ctx in tqdm(contexts, desc="memory", leave=False, disable=None):
-        method = "none" if ctx <= model.config.block_size else "linear-when-needed"
-        if device.type == "cuda":
-            model.set_context(ctx, method)
-            peak = peak_forward_bytes(model, ctx)
-        else:
-            spawn = mp.get_context("spawn")
-            queue = spawn.Queue()
-            child = spawn.Process(target=_peak_in_child, args=(path, ctx, str(device), method, queue))
-            child.start()
-            peak = queue.get(timeout=600)
-            child.join()
+        model.set_context(ctx, "none" if ctx <= model.config.block_size else "linear-when-needed")
         per_token = kv_bytes_per_token(model)
+        try:
+            peak = peak_forward_bytes(model, ctx)
+        except OSError as e:  # not Linux: no way to read the peak here
+            print(f"note: peak memory not measured on this system ({e})")
+            peak = None
         rows.append({"ctx": ctx, "kv_bytes_per_token": per_token, "kv_bytes": per_token * ctx, "peak_bytes": peak})
+    model.set_context()
     return rows
 
 
@@ -304,8 +301,7 @@ def dynamic_table(args: argparse.Namespace, models: list[tuple[str, GPT]], strea
     return {"length": args.length, "streams": len(streams), "rows": rows}
 
 
-def sweep(args: argparse.Namespace, models: list[tuple[str, GPT]], paths: list[str], val,
-          device: torch.device) -> dict:
+def sweep(args: argparse.Namespace, models: list[tuple[str, GPT]], val) -> dict:
     """Loss and perplexity for each context and scaling method (rows n_ctx, columns methods)."""
     rows, notes = [], []
     for name, model in models:
@@ -324,9 +320,9 @@ def sweep(args: argparse.Namespace, models: list[tuple[str, GPT]], paths: list[s
             notes.append(f"{name}: learned positions, read at {train_ctx} or less, unscaled")
         model.set_context()
     memory = []
-    rope_models = [(path, model) for (_, model), path in zip(models, paths, strict=True) if model.config.rope]
+    rope_models = [model for _, model in models if model.config.rope]
     if args.memory and rope_models:
-        memory = measure_memory(rope_models[0][0], rope_models[0][1], args.ctx, device)
+        memory = measure_memory(rope_models[0], args.ctx)
     print_sweep(rows, memory, args)
     for note in notes:
         print(f"note: {note}")
@@ -347,8 +343,8 @@ def print_sweep(rows: list[dict], memory: list[dict], args: argparse.Namespace) 
     if memory:
         print(f"\n{'n_ctx':>6} {'KV bytes/token':>15} {'KV cache MiB':>13} {'forward peak MiB':>17}")
         for row in memory:
-            print(f"{row['ctx']:>6} {row['kv_bytes_per_token']:>15,} {row['kv_bytes'] / 2**20:>13.1f} "
-                  f"{row['peak_bytes'] / 2**20:>17.1f}")
+            peak = "-" if row["peak_bytes"] is None else f"{row['peak_bytes'] / 2**20:.1f}"
+            print(f"{row['ctx']:>6} {row['kv_bytes_per_token']:>15,} {row['kv_bytes'] / 2**20:>13.1f} {peak:>17}")
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -381,7 +377,7 @@ def main(argv: list[str] | None = None) -> dict:
     torch.manual_seed(0)
 
     if args.ctx:
-        result = sweep(args, models, args.checkpoints, val, device)
+        result = sweep(args, models, val)
     else:
         window = min(model.config.block_size for _, model in models)
         args.length = args.length or (4 if args.sinks else 3) * window

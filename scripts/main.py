@@ -1,11 +1,12 @@
-"""The main job: prepare the data if needed, pretrain both kinds, evaluate, measure past the window.
+"""The main job: prepare the data if needed, pretrain both kinds, evaluate, measure past the window,
+then read past the training context (a long-context fine-tune, the sweep, sinks) and write the docs' tables.
 
 Each step is its own script, run here one after another in a subprocess (with glibc's malloc
 tuned, which keeps the kernel from eating 10-40% of a CPU training step). A step already done
 is skipped, and an interrupted training run resumes, so the job can be run again after a stop.
 
 Examples:
-    python scripts/main.py --source ../shared/data/tinystories    # here: about 25 minutes on 2 cores
+    python scripts/main.py --source ../shared/data/tinystories    # here: about 2 hours on 2 cores
     python scripts/main.py                                          # downloads TinyStories first
     python scripts/main.py --source stories.txt --tiny --out /tmp/mvgpt   # a tiny CPU run, a minute
 """
@@ -21,6 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mvgpt.checkpoint import checkpoint_path  # noqa: E402
+from mvgpt.rope_scaling import METHODS as SCALINGS  # noqa: E402
 
 SCRIPTS = Path(__file__).resolve().parent
 TINY = ["--n-layer", "2", "--n-head", "2", "--n-embd", "64", "--block-size", "32", "--batch-size", "4"]
@@ -46,6 +48,15 @@ def finished_steps(run_dir: Path) -> int:
         return 0
 
 
+def measure(step: list[str], out: Path, checkpoints: list[str], env: dict) -> None:
+    """Run a measuring step unless its JSON is newer than every checkpoint it reads."""
+    newest = max(checkpoint_path(c).stat().st_mtime for c in checkpoints)
+    if out.exists() and out.stat().st_mtime > newest:
+        print(f"\n{out} is newer than its checkpoints: skipping (delete it to measure again)")
+        return
+    run([*step, "--json", str(out)], env)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--source", help="TinyStories file or folder (default: $MVGPT_TINYSTORIES, else download)")
@@ -53,6 +64,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-steps", type=int, default=250, help="training steps for each kind")
     p.add_argument("--minutes", type=float, default=0, help="time budget for each run (0: steps decide)")
     p.add_argument("--device", help="cpu, cuda, mps (default: the best present)")
+    p.add_argument("--finetune-steps", type=int, default=80, help="steps of the long-context fine-tune")
     p.add_argument("--tiny", action="store_true", help="a tiny model and vocabulary: checks the pipeline")
     args = p.parse_args(argv)
 
@@ -81,13 +93,32 @@ def main(argv: list[str] | None = None) -> None:
         run(train + (["--resume"] if done else []), env)
 
     both = [str(ckpts / "pretrain"), str(ckpts / "pretrain-rope")]
-    run([str(SCRIPTS / "evaluate.py"), *both, *device, "--data-dir", str(data),
-         "--json", str(results / "evaluate.json")], env)
-    context = SCRIPTS / "context.py"
-    if context.exists():
-        length = ["--length", "96"] if args.tiny else []
-        run([str(context), *both, *device, *length, "--data-dir", str(data),
-             "--json", str(results / "context.json")], env)
+    rope = str(ckpts / "pretrain-rope")
+    window = 32 if args.tiny else 256
+    data_flag = ["--data-dir", str(data)]
+    measure([str(SCRIPTS / "evaluate.py"), *both, *device, *data_flag], results / "evaluate.json", both, env)
+    measure([str(SCRIPTS / "context.py"), *both, *device, *data_flag, "--length", str(3 * window)],
+            results / "context.json", both, env)
+
+    # reading past the training context: a fine-tune to 4 windows, the sweep, sinks, dynamic NTK
+    long_dir = ckpts / f"pretrain-rope-ctx{4 * window}-linear"
+    done = finished_steps(long_dir)
+    if done < args.finetune_steps:
+        run([str(SCRIPTS / "pretrain.py"), "--init-from", rope, "--block-size", str(4 * window),
+             "--rope-scaling", "linear", "--batch-size", "4", "--max-steps", str(args.finetune_steps),
+             "--warmup", "5", "--lr", "5e-4", "--eval-every", "20", "--ckpt-every", "20", "--minutes", "0",
+             *device, *data_flag, "--out-dir", str(long_dir), "--runs-dir", str(runs)]
+            + (["--resume"] if done else []), env)
+    contexts = [str(window * k // 4) for k in (4, 6, 8, 12, 16, 24, 32)]
+    measure([str(SCRIPTS / "context.py"), rope, str(long_dir), *device, *data_flag, "--ctx", *contexts,
+             "--rope-scaling", *SCALINGS], results / "sweep.json", [rope, str(long_dir)], env)
+    measure([str(SCRIPTS / "context.py"), rope, *device, *data_flag, "--sinks", "4", "--length", str(4 * window),
+             "--streams", "4"], results / "sinks.json", [rope], env)
+    measure([str(SCRIPTS / "context.py"), rope, *device, *data_flag, "--dynamic", "--length", str(2 * window),
+             "--streams", "4"], results / "dynamic.json", [rope], env)
+    if not args.tiny:  # the docs' tables and figures describe the real runs, not a tiny check
+        run([str(SCRIPTS / "report.py"), "--results-dir", str(results), "--checkpoints-dir", str(ckpts),
+             *data_flag, "--finetune", long_dir.name], env)
     print(f"\ndone: checkpoints in {ckpts}, TensorBoard logs in {runs} (tensorboard --logdir {runs}), "
           f"tables in {results}")
 

@@ -1,0 +1,21 @@
+import json
+import os
+import subprocess
+import sys
+
+from conftest import ROOT
+
+
+def test_the_main_job_runs_end_to_end_on_a_tiny_model(corpus_dir, tmp_path):
+    """README's first command, with --tiny: every step runs and writes what the next one reads."""
+    cmd = [sys.executable, str(ROOT / "scripts" / "main.py"), "--source", str(corpus_dir), "--tiny",
+           "--out", str(tmp_path), "--max-steps", "4", "--finetune-steps", "2", "--device", "cpu"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for name in ("evaluate", "context", "sweep", "sinks", "dynamic"):
+        assert json.loads((tmp_path / "results" / f"{name}.json").read_text())
+    for run in ("pretrain", "pretrain-rope", "pretrain-rope-ctx128-linear"):
+        assert (tmp_path / "checkpoints" / run / "ckpt.pt").exists()
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)  # all done: all skipped
+    assert again.returncode == 0 and again.stdout.count("skipping") == 7, again.stdout[-3000:]
