@@ -149,6 +149,9 @@ class KVCache:
             self.v[:, :, :, : self.length] = self.v[:, :, :, held].clone()
             self.start = 0
 
+    # torch.compile: the writes run as they are, between compiled pieces. Traced into a graph, a
+    # write into part of the cache becomes a copy of the whole cache, for every token.
+    @torch.compiler.disable
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store block `layer`'s new keys and values (B, H, T, head); return all held ones."""
         end = self.start + self.length + k.shape[2]

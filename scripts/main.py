@@ -1,9 +1,9 @@
 """The main job: prepare the data if needed, pretrain both kinds, evaluate, measure past the window,
 then read past the training context (a long-context fine-tune, the sweep, sinks) and write the docs' tables.
 
-Each step is its own script, run here one after another in a subprocess (with glibc's malloc
-tuned, which keeps the kernel from eating 10-40% of a CPU training step). A step already done
-is skipped, and an interrupted training run resumes, so the job can be run again after a stop.
+Each step is its own script, run here one after another in a subprocess. A step already done is
+skipped (a measurement, when its JSON is newer than the checkpoints it reads), and an interrupted
+training run resumes, so the job can be run again after a stop.
 
 Examples:
     python scripts/main.py --source ../shared/data/tinystories    # here: about 2 hours on 2 cores
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
 
     out = Path(args.out)
     data, ckpts, runs, results = out / "data", out / "checkpoints", out / "runs", out / "results"
-    env = dict(os.environ, MALLOC_MMAP_MAX_="0", MALLOC_TRIM_THRESHOLD_="100000000000")
+    env = dict(os.environ)
     device = ["--device", args.device] if args.device else []
 
     prepare = [str(SCRIPTS / "prepare.py"), "--data-dir", str(data)]

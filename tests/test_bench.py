@@ -1,0 +1,140 @@
+import json
+import os
+import subprocess
+import sys
+
+import torch
+import torch.nn as nn
+from conftest import ROOT, tiny_config, tiny_model
+
+from mvgpt.bench import (
+    compile_for_decoding,
+    decode_bytes_per_token,
+    decode_flops_per_token,
+    forward_flops,
+    matmul_weights,
+    summary_rows,
+    training_flops_per_token,
+)
+from mvgpt.model import KVCache
+
+TINY = ["--n-layer", "2", "--n-head", "2", "--n-embd", "32", "--block-size", "16", "--vocab-size", "64",
+        "--batch-size", "2", "--batches", "1,2", "--device", "cpu", "--no-tune-malloc"]
+
+
+def positive_numbers(value, path="result"):
+    """Every number in the JSON, with where it is, so a test can say which one is wrong."""
+    if isinstance(value, bool):
+        return
+    if isinstance(value, int | float):
+        yield path, value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from positive_numbers(v, f"{path}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from positive_numbers(v, f"{path}[{i}]")
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    """A script or a check in a process of its own: the bench allocates large buffers and compiling
+    loads inductor (hundreds of MB, and global options), which would stay in the test process, and
+    a process's peak memory carries over into the processes it starts (tests/test_context.py)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), str(ROOT)]))
+    done = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
+def test_bench_runs_end_to_end_and_writes_its_figures(tmp_path):
+    out = tmp_path / "bench.json"
+    printed = run(str(ROOT / "scripts" / "bench.py"), *TINY, "--quick", "--json", str(out)).stdout
+    saved = json.loads(out.read_text())
+    assert {"machine", "threads", "config", "ceilings", "training", "decoding", "generation", "goals"} <= set(saved)
+    assert {"matmul_fp32_flops", "matmul_bf16_flops", "read_bandwidth", "copy_bandwidth"} <= set(saved["ceilings"])
+    assert [t["kind"] for t in saved["training"]] == ["learned", "rope"]
+    for t in saved["training"]:
+        assert {"tokens_per_s", "flops", "share_of_peak", "profile"} <= set(t)
+        assert t["flops"] == t["tokens_per_s"] * training_flops_per_token(tiny_config())
+    d = saved["decoding"]
+    assert {"cached_ms", "rerun_ms", "floor_ms", "floor_bytes", "cached_over_floor", "rerun_over_cached"} <= set(d)
+    assert d["floor_bytes"] == decode_bytes_per_token(tiny_model(rope=True), held=16)
+    assert d["cached_over_floor"] == d["cached_ms"] / d["floor_ms"]
+    assert d["rerun_over_cached"] == d["rerun_ms"] / d["cached_ms"]
+    assert [g["batch"] for g in saved["generation"]] == [1, 2]
+    assert "aten::" in d["profile"] and "aten::" in saved["training"][0]["profile"]
+    for path, number in positive_numbers(saved):
+        assert number > 0, path
+    assert "decoding, sliding cache (rope, batch 1)" in printed and saved["machine"] in printed
+
+    run(str(ROOT / "scripts" / "plot_bench.py"), str(out), "--out-dir", str(tmp_path / "docs"))
+    table = (tmp_path / "docs" / "results" / "bench.md").read_text()
+    assert table.startswith("| figure | measured |") and saved["machine"] in table and saved["command"] in table
+    assert len([line for line in table.splitlines() if line.startswith("|")]) == len(summary_rows(saved)) + 1
+    assert "```text" in (tmp_path / "docs" / "results" / "bench-profiles.md").read_text()
+    assert (tmp_path / "docs" / "figures" / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_matmul_weights_are_the_linear_layers_weights():
+    for rope in (False, True):
+        model = tiny_model(rope=rope)
+        linear = {id(m.weight): m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear)}
+        assert matmul_weights(model.config) == sum(linear.values())  # lm_head's (tied) weight counted once
+
+
+def test_training_flops_by_hand():
+    cfg = tiny_config()  # V 64, T 16, L 2, C 32
+    weights = 2 * (32 * 96 + 32 * 32 + 32 * 128 + 128 * 32) + 64 * 32
+    attention = 2 * 6 * 32 * (16 + 1)  # 12 C flops per (query, key) pair seen, forward and backward; 8.5 keys a query
+    assert training_flops_per_token(cfg) == 6 * weights + attention
+    # one cached step over 16 held tokens: 2 flops per weight, 4 C per key and block for attention
+    assert decode_flops_per_token(cfg, 16) == 2 * weights + 4 * 2 * 32 * 16
+    # a forward pass over a full window with the last place's logits only
+    assert forward_flops(cfg, 16) == 2 * 2 * 12 * 32**2 * 16 + 4 * 2 * 32 * 16 * 17 / 2 + 2 * 64 * 32
+
+
+def test_decoding_floor_is_a_hand_count_of_bytes():
+    C, V, L = 32, 64, 2
+    block = 2 * C + (3 * C * C + 3 * C) + (C * C + C) + 2 * C + (4 * C * C + 4 * C) + (4 * C * C + C)
+    weights = V * C + L * block + 2 * C  # token embedding (= output layer), blocks, final norm
+    for batch, held in ((1, 16), (3, 7)):
+        kv = 2 * L * batch * held * C  # a key and a value per token, block and sequence
+        rope = tiny_model(rope=True)
+        assert decode_bytes_per_token(rope, held, batch) == 4 * (weights + kv)
+        learned = tiny_model()  # one row of its table of positions, not the whole table
+        assert decode_bytes_per_token(learned, held, batch) == 4 * (weights + C + kv)
+    half = tiny_model(rope=True).to(torch.bfloat16)
+    assert decode_bytes_per_token(half, 16) == 2 * (weights + 2 * L * 16 * C)
+
+
+def test_compiled_decoding_gives_the_eager_logits():
+    assert run("-c", "import test_bench; test_bench.compiled_decoding_gives_the_eager_logits()").returncode == 0
+
+
+def compiled_decoding_gives_the_eager_logits() -> None:
+    """compile_for_decoding's steps (inductor's own matrix-vector kernels) against the eager model's,
+    through the prompt, the cache filling up, sliding, and compacting its storage (run by the test
+    above, in a process of its own)."""
+    model = tiny_model(rope=True)
+    fast = compile_for_decoding(model)
+    stream = torch.randint(0, 64, (1, 60), generator=torch.Generator().manual_seed(8))
+    caches = [KVCache(model.config, 1) for _ in range(2)]
+    with torch.no_grad():
+        for m, cache in zip((model, fast), caches, strict=True):
+            m(stream[:, :5], cache=cache)  # a prompt
+        starts = []
+        for t in range(5, 60):
+            starts.append(caches[1].start)
+            logits = []
+            for m, cache in zip((model, fast), caches, strict=True):
+                if cache.length == 16:
+                    cache.slide(15)
+                logits.append(m(stream[:, t : t + 1], cache=cache, last_only=True)[0])
+            torch.testing.assert_close(logits[1], logits[0], atol=1e-5, rtol=0)
+    assert caches[1].position == 60
+    assert any(b < a for a, b in zip(starts[:-1], starts[1:], strict=True)), starts  # it compacted its storage
+    prompt = stream[:, :3]
+    greedy = lambda m: torch.cat(list(m.generate(prompt, 40, temperature=0)), dim=1)  # noqa: E731
+    assert greedy(fast).equal(greedy(model))
+    assert all(p.equal(q) for p, q in zip(model.parameters(), fast.parameters(), strict=True))  # a copy
+    assert not hasattr(model, "_compiled_call_impl") or model._compiled_call_impl is None  # the original stays eager
