@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,3 +27,8 @@ def atomic_path(path: str | os.PathLike):
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     with atomic_path(path) as tmp:
         Path(tmp).write_text(text, encoding="utf-8")
+
+
+def write_json(path: str | os.PathLike, data) -> None:
+    """A script's --json output, atomically (its folder made if needed)."""
+    write_text_atomic(path, json.dumps(data, indent=1, ensure_ascii=False) + "\n")

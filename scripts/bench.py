@@ -28,7 +28,6 @@ Examples:
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 import time
@@ -58,6 +57,7 @@ from mvgpt.bench import (  # noqa: E402
     tune_malloc,
 )
 from mvgpt.device import pick_device  # noqa: E402
+from mvgpt.io import write_json  # noqa: E402
 from mvgpt.model import GPT, GPTConfig, KVCache  # noqa: E402
 
 T = TypeVar("T")
@@ -344,8 +344,7 @@ def main(argv: list[str] | None = None) -> dict:
         print("  ".join(str(cell).ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip())
     print(f"\n{result['machine']}; {result['seconds']:.0f} s")
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2))
+        write_json(args.json, result)
     return result
 
 

@@ -30,7 +30,6 @@ Examples:
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import time
@@ -47,6 +46,7 @@ from mvgpt.bench import machine, sync  # noqa: E402
 from mvgpt.checkpoint import load_model  # noqa: E402
 from mvgpt.data import DATA_DIR, data_tokenizer_hash, load_tokens, windows  # noqa: E402
 from mvgpt.device import pick_device  # noqa: E402
+from mvgpt.io import write_json  # noqa: E402
 from mvgpt.model import GPT, KVCache  # noqa: E402
 from mvgpt.rope_scaling import METHODS as SCALINGS  # noqa: E402
 
@@ -63,15 +63,22 @@ def window_losses(model: GPT, stream: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def cache_losses(model: GPT, stream: torch.Tensor) -> torch.Tensor:
+def cache_losses(model: GPT, stream: torch.Tensor, sinks: int = 0, shift: bool = False) -> torch.Tensor:
     """The same tokens through the KV cache, one at a time; once the cache holds a whole window,
-    slide drops the oldest token, so each prediction sees the same 256 tokens as the window."""
+    slide drops the oldest token, so each prediction sees the same 256 tokens as the window.
+
+    sinks: the story's first `sinks` tokens stay in the cache as it slides (attention sinks).
+    Unshifted, they keep their positions, so distances grow past anything seen in training;
+    shifted, the newer keys are turned back as tokens drop, so the cache holds one window of
+    contiguous positions (llama.cpp's context shift).
+    """
     W = model.config.block_size
     cache = KVCache(model.config, stream.shape[0], device=stream.device)
+    angles = model.angles if shift else None
     losses = []
     for t in range(stream.shape[1] - 1):
         if cache.length == W:
-            cache.slide(W - 1)
+            cache.slide(W - 1, sinks, angles)
         logits, _ = model(stream[:, t : t + 1], cache=cache)
         if t + 1 >= W:
             losses.append(F.cross_entropy(logits[:, -1].float(), stream[:, t + 1]))
@@ -92,25 +99,6 @@ METHODS: dict[str, Callable[[GPT, torch.Tensor], torch.Tensor]] = {
     "sliding cache": cache_losses,
     "full context": full_losses,
 }
-
-
-@torch.no_grad()
-def sink_cache_losses(model: GPT, stream: torch.Tensor, sinks: int, shift: bool) -> torch.Tensor:
-    """cache_losses, with the story's first `sinks` tokens kept in the cache as it slides. Unshifted,
-    the kept keys stay at their positions, so distances grow past anything seen in training;
-    shifted, the newer keys are turned back as tokens drop, so the cache holds one window of
-    contiguous positions (llama.cpp's context shift)."""
-    W = model.config.block_size
-    cache = KVCache(model.config, stream.shape[0], device=stream.device)
-    angles = model.angles if shift else None
-    losses = []
-    for t in range(stream.shape[1] - 1):
-        if cache.length == W:
-            cache.slide(W - 1, sinks, angles)
-        logits, _ = model(stream[:, t : t + 1], cache=cache)
-        if t + 1 >= W:
-            losses.append(F.cross_entropy(logits[:, -1].float(), stream[:, t + 1]))
-    return torch.stack(losses)
 
 
 @torch.no_grad()
@@ -275,8 +263,8 @@ def sinks_table(args: argparse.Namespace, models: list[tuple[str, GPT]], streams
             continue
         variants = {
             "sliding cache": cache_losses,
-            f"{k} sinks, unshifted": lambda m, s: sink_cache_losses(m, s, k, shift=False),
-            f"{k} sinks, shifted": lambda m, s: sink_cache_losses(m, s, k, shift=True),
+            f"{k} sinks, unshifted": lambda m, s: cache_losses(m, s, k, shift=False),
+            f"{k} sinks, shifted": lambda m, s: cache_losses(m, s, k, shift=True),
             "sliding window": window_losses,
         }
         for method, fn in variants.items():
@@ -394,8 +382,7 @@ def main(argv: list[str] | None = None) -> dict:
     result = {"machine": machine(device), "device": str(device), **result}
     print(f"measured on {result['machine']}")
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=1))
+        write_json(args.json, result)
     return result
 
 

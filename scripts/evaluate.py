@@ -13,7 +13,6 @@ Examples:
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from pathlib import Path
@@ -29,6 +28,7 @@ from mvgpt.bench import machine  # noqa: E402
 from mvgpt.checkpoint import load_model  # noqa: E402
 from mvgpt.data import DATA_DIR, data_tokenizer_hash, load_tokens  # noqa: E402
 from mvgpt.device import pick_device  # noqa: E402
+from mvgpt.io import write_json  # noqa: E402
 from mvgpt.model import GPT  # noqa: E402
 from mvgpt.rope_scaling import add_context_args, apply_context_args  # noqa: E402
 
@@ -85,8 +85,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         )
     print(f"({rows[0]['tokens']:,} held-out tokens per model)")
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps({"machine": machine(device), "rows": rows}, indent=2))
+        write_json(args.json, {"machine": machine(device), "rows": rows})
     return rows
 
 

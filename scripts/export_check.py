@@ -15,7 +15,6 @@ Examples:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -27,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from mvgpt.checkpoint import checkpoint_path, load_model  # noqa: E402
 from mvgpt.data import DATA_DIR, data_tokenizer_hash, load_tokens  # noqa: E402
 from mvgpt.export import export  # noqa: E402
+from mvgpt.io import write_json  # noqa: E402
 from mvgpt.tokenizer import Tokenizer  # noqa: E402
 
 
@@ -123,8 +123,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
               f"{row['held_out_tokens']:,} held-out tokens {'same' if row['held_out_tokens_match'] else 'DIFFERENT'}")
         print("  story:", repr(args.prompt + row["story_mvgpt"]))
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(rows, indent=2, ensure_ascii=False))
+        write_json(args.json, rows)
     if not all(r["match"] and r["prompt_tokens_match"] and r["held_out_tokens_match"] and not r["weights_not_loaded"]
                for r in rows):
         raise SystemExit("error: transformers and mvGPT disagree (see above)")
