@@ -51,7 +51,10 @@ def cpu_name() -> str:
 def machine(device: torch.device | str = "cpu") -> str:
     """One line saying where a figure was measured."""
     device = torch.device(device)
-    where = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
+    if device.type == "cuda":
+        where = torch.cuda.get_device_name(device)
+    else:  # the vector instructions torch's CPU kernels use (AVX2, AVX512, ...) matter as much
+        where = f"{cpu_name()} ({torch.backends.cpu.get_cpu_capability()})"
     return (
         f"{where}, {torch.get_num_threads()} threads of {os.cpu_count()} cores, "
         f"torch {torch.__version__}, {device.type}"
