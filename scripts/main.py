@@ -6,7 +6,7 @@ skipped (a measurement, when its JSON is newer than the checkpoints it reads), a
 training run resumes, so the job can be run again after a stop.
 
 Examples:
-    python scripts/main.py --source ../shared/data/tinystories    # here: about 2 hours on 2 cores
+    python scripts/main.py --source ../shared/data/tinystories    # here: about an hour on 2 cores
     python scripts/main.py                                          # downloads TinyStories first
     python scripts/main.py --source stories.txt --tiny --out /tmp/mvgpt   # a tiny CPU run, a minute
 """
