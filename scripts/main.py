@@ -8,7 +8,7 @@ training run resumes, so the job can be run again after a stop.
 Examples:
     python scripts/main.py --source ../shared/data/tinystories    # here: about an hour on 2 cores
     python scripts/main.py                                          # downloads TinyStories first
-    python scripts/main.py --source stories.txt --tiny --out /tmp/mvgpt   # a tiny CPU run, a minute
+    python scripts/main.py --source stories.txt --tiny      # a tiny CPU run into tiny/, a minute
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def measure(step: list[str], out: Path, checkpoints: list[str], env: dict) -> No
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--source", help="TinyStories file or folder (default: $MVGPT_TINYSTORIES, else download)")
-    p.add_argument("--out", default=".", help="where data/, checkpoints/, runs/ and results/ go")
+    p.add_argument("--out", help="where data/, checkpoints/, runs/ and results/ go (default: here; tiny/ with --tiny)")
     p.add_argument("--max-steps", type=int, default=250, help="training steps for each kind")
     p.add_argument("--minutes", type=float, default=0, help="time budget for each run (0: steps decide)")
     p.add_argument("--device", help="cpu, cuda, mps (default: the best present)")
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--tiny", action="store_true", help="a tiny model and vocabulary: checks the pipeline")
     args = p.parse_args(argv)
 
-    out = Path(args.out)
+    out = Path(args.out or ("tiny" if args.tiny else "."))  # a tiny check never overwrites the real results
     data, ckpts, runs, results = out / "data", out / "checkpoints", out / "runs", out / "results"
     env = dict(os.environ)
     device = ["--device", args.device] if args.device else []
