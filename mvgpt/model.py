@@ -174,6 +174,8 @@ class KVCache:
         """
         if not 0 <= sinks <= keep:
             raise ValueError(f"slide needs 0 <= sinks <= keep, got keep={keep}, sinks={sinks}")
+        if sinks and angles is None and not self.rotated:  # checked before anything moves
+            raise ValueError("unrotated keys (dynamic NTK) need contiguous positions: slide with angles")
         drop = self.length - keep
         if drop <= 0:
             return
@@ -193,8 +195,6 @@ class KVCache:
                 rows = slice(self.start + sinks, self.start + keep)
                 self.k[:, :, :, rows] = rotate(self.k[:, :, :, rows], *turn)
             self.shift += drop
-        elif sinks and not self.rotated:
-            raise ValueError("unrotated keys (dynamic NTK) need contiguous positions: slide with angles")
         self.length = keep
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mvgpt.checkpoint import checkpoint_path  # noqa: E402
+from mvgpt.checkpoint import checkpoint_path, read_checkpoint  # noqa: E402
 from mvgpt.rope_scaling import METHODS as SCALINGS  # noqa: E402
 
 SCRIPTS = Path(__file__).resolve().parent
@@ -36,16 +36,11 @@ def run(step: list[str], env: dict) -> None:
 
 
 def finished_steps(run_dir: Path) -> int:
-    """The step a run folder's checkpoint reached (0 if none), read without building the model."""
-    import torch
-
-    file = checkpoint_path(run_dir)
-    if not file.exists():
+    """The step a run folder's checkpoint reached (0 if none); a corrupt one is a one-line error,
+    not a reason to train over it."""
+    if not checkpoint_path(run_dir).exists():
         return 0
-    try:
-        return int(torch.load(file, map_location="cpu", weights_only=True).get("step", 0))
-    except Exception:
-        return 0
+    return int(read_checkpoint(run_dir).get("step", 0))
 
 
 def measure(step: list[str], out: Path, checkpoints: list[str], env: dict) -> None:

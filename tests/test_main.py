@@ -19,3 +19,18 @@ def test_the_main_job_runs_end_to_end_on_a_tiny_model(corpus_dir, tmp_path):
         assert (tmp_path / "checkpoints" / run / "ckpt.pt").exists()
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)  # all done: all skipped
     assert again.returncode == 0 and again.stdout.count("skipping") == 7, again.stdout[-3000:]
+
+
+def test_finished_steps_reads_the_step_and_refuses_a_corrupt_checkpoint(tmp_path):
+    import main
+    import pytest
+    from conftest import tiny_model
+
+    from mvgpt.checkpoint import save_checkpoint
+
+    assert main.finished_steps(tmp_path / "none") == 0
+    save_checkpoint(tmp_path / "run", tiny_model(), step=7)
+    assert main.finished_steps(tmp_path / "run") == 7
+    (tmp_path / "run" / "ckpt.pt").write_bytes(b"garbage")
+    with pytest.raises(SystemExit, match="truncated or corrupt"):
+        main.finished_steps(tmp_path / "run")

@@ -178,3 +178,14 @@ def test_generate_reads_and_slides_a_longer_context():
     with_cache = torch.cat(list(model.generate(prompt, 70, temperature=0)), 1)
     without = torch.cat(list(model.generate(prompt, 70, temperature=0, use_cache=False)), 1)
     assert with_cache.equal(without)
+
+
+def test_sinks_on_unrotated_keys_without_angles_is_refused_before_anything_moves():
+    model = tiny_model(rope=True, n_layer=1)
+    model.set_context(48, "dynamic-ntk")
+    cache = KVCache(model.config, 1, capacity=48)
+    model(tokens(20), cache=cache)
+    k_before = cache.k.clone()
+    with pytest.raises(ValueError, match="contiguous positions"):
+        cache.slide(10, sinks=2)
+    assert cache.k.equal(k_before) and (cache.start, cache.length) == (0, 20)
