@@ -6,6 +6,7 @@ Examples:
     MVGPT_TINYSTORIES=~/tinystories python scripts/prepare.py      # the same, from the environment
     python scripts/prepare.py                                       # download from the HF Hub
     python scripts/prepare.py --source my.txt --vocab-size 512 --data-dir /tmp/tiny   # tiny, seconds
+    python scripts/prepare.py --source ../shared/data/tinystories --json results/data.json   # counts for the docs
 """
 
 from __future__ import annotations
@@ -18,6 +19,18 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mvgpt.data import DATA_DIR, DEFAULT_MAX_TRAIN_MB, SOURCE_ENV, prepare, resolve_source  # noqa: E402
+from mvgpt.io import write_json  # noqa: E402
+
+
+def data_counts(meta: dict, command: list[str]) -> dict:
+    """What the docs' data table shows: stories, tokens and characters per token of each split."""
+    splits = {}
+    for split, name in (("train", "train"), ("val", "held_out")):
+        tokens, chars = meta[f"{split}_tokens"], meta[f"{split}_chars"]
+        splits[name] = {"stories": meta[f"{split}_stories"], "tokens": tokens, "characters": chars,
+                        "chars_per_token": chars / tokens}
+    return {"command": " ".join(command), "split": meta["split"], "vocab_size": meta["vocab_size"],
+            "tokenizer_hash": meta["tokenizer_hash"], **splits}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -28,11 +41,14 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--max-train-mb", type=float, default=DEFAULT_MAX_TRAIN_MB,
                    help="download at most this much of the 1.9 GB train file (0: all)")
     p.add_argument("--force", action="store_true", help="prepare again even if done for these inputs")
+    p.add_argument("--json", help="also write the counts of each split here (for the docs)")
     args = p.parse_args(argv)
 
     t0 = time.perf_counter()
     source = resolve_source(args.source, Path(args.data_dir), args.max_train_mb)
     meta = prepare(source, args.data_dir, args.vocab_size, args.force)
+    if args.json:
+        write_json(args.json, data_counts(meta, ["python scripts/prepare.py", *(argv or sys.argv[1:])]))
     if meta.get("skipped"):
         print(f"{args.data_dir} is already prepared from {meta['source']} (use --force to redo)")
         return meta

@@ -1,0 +1,549 @@
+"""The docs' tables and figures, and the README's Results block, made from the committed results/*.json alone.
+
+Every table names the JSON it comes from (and the command that wrote it, where the JSON records it) and the
+machine. A missing JSON gives a "not measured yet" note and a placeholder figure, so the site always builds.
+`OUTPUTS` below lists every output: the JSON files it needs and the function that writes it.
+
+Examples:
+    python dev/report.py                  # docs/results/*.md, docs/figures/*.png, README.md's Results block
+    python dev/report.py --check          # exit 1 if a committed table or the README block differs; writes nothing
+    python dev/report.py --results-dir tiny/results --docs-dir /tmp/docs --readme ''   # a tiny run, elsewhere
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from mvgpt.model import GPT, GPTConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+README_START, README_END = "<!-- report.py: start -->", "<!-- report.py: end -->"
+README_TABLES = ["training", "models", "context", "sweep"]
+PLACEHOLDER = ('!!! note "Not measured yet"\n'
+               "    `{missing}` is not in `results/`: run the main job, then `python dev/report.py`.\n")
+RUNS = {"pretrain.json": "learned positions", "pretrain-rope.json": "rotary embeddings"}
+FINETUNE = "pretrain-rope-ctx1024-linear.json"
+Draw = Callable  # draw(plt) -> a matplotlib figure
+
+
+# ----------------------------------------------------------------------------------------------
+# Helpers: one markdown table, a header naming the sources, a moving average
+
+
+def table(header: list[str], rows: list[list], align: str = "") -> str:
+    """A markdown table; align is one letter per column, l or r (default: the first l, the rest r)."""
+    align = align or "l" + "r" * (len(header) - 1)
+    rule = [":---" if a == "l" else "---:" for a in align]
+    return "".join("| " + " | ".join(str(c) for c in cells) + " |\n" for cells in [header, rule, *rows])
+
+
+def head(*docs: tuple[str, dict], machine: str = "not recorded") -> str:
+    """'From `results/x.json` (made by `command`) ...' and the machine(s) the numbers were measured on."""
+    sources = ", ".join(f"`results/{name}`" + (f" (made by `{d['command']}`)" if d.get("command") else "")
+                        for name, d in docs)
+    machines = list(dict.fromkeys(d["machine"] for _, d in docs if d.get("machine")))
+    return f"From {sources}, by `python dev/report.py`.  \nMachine: {'; '.join(machines) or machine}\n\n"
+
+
+def moving_average(values: list[float], n: int) -> list[float]:
+    n = max(1, min(n, len(values)))
+    sums = [0.0]
+    for v in values:
+        sums.append(sums[-1] + v)
+    return [(sums[i + n] - sums[i]) / n for i in range(len(values) - n + 1)]
+
+
+def plain_ticks(axis, ticks: list) -> None:
+    """Ticks at these values, written as plain numbers (a log axis writes 3×10^2 otherwise)."""
+    from matplotlib.ticker import FixedLocator, NullLocator, StrMethodFormatter
+
+    low, high = axis.get_view_interval()
+    axis.set_major_locator(FixedLocator([t for t in ticks if low <= t <= high] or ticks))
+    axis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
+    axis.set_minor_locator(NullLocator())
+
+
+def figure(plt, rows: int = 1, height: float = 3.6, **kw):
+    """A figure as wide as the docs' column (8 inches, saved at 150 dpi), with readable fonts."""
+    plt.rcParams.update({"font.size": 11, "axes.titlesize": 12, "legend.fontsize": 10})
+    fig, axes = plt.subplots(rows, 1, figsize=(8, height * rows), squeeze=False, **kw)
+    for ax in axes[:, 0]:
+        ax.grid(alpha=0.3)
+    return fig, list(axes[:, 0])
+
+
+# ----------------------------------------------------------------------------------------------
+# The writers: each takes {json name: data} and returns {output name: markdown, or a draw function}
+
+
+def training(r: dict) -> dict:
+    runs = {name: r[name] for name in RUNS}
+    rows = [[RUNS[n], d["kind"], d["dtype"], f"{d['steps']:,}", f"{d['tokens']:,}", f"{d['seconds'] / 60:.1f}",
+             f"{d['tokens_per_s']:,.0f}", f"{d['val_loss']:.4f}"] for n, d in runs.items()]
+    body = table(["run", "kind", "dtype", "steps", "tokens", "minutes", "tokens/s", "held-out loss"], rows, "lll")
+    learned, rope = ({e["step"]: e["val_loss"] for e in d["evals"]} for d in runs.values())
+    shared = sorted(set(learned) & set(rope))
+    if shared:
+        body += "\nHeld-out loss at the steps both runs evaluated (the same held-out batches):\n\n" + table(
+            ["step", "learned", "rope", "rope − learned"],
+            [[f"{s:,}", f"{learned[s]:.4f}", f"{rope[s]:.4f}", f"{rope[s] - learned[s]:+.4f}"] for s in shared])
+
+    def draw(plt):
+        fig, (ax,) = figure(plt, height=4.2)
+        for i, (name, d) in enumerate(runs.items()):
+            steps = [e["step"] for e in d["evals"]]
+            ax.plot(steps, [e["val_loss"] for e in d["evals"]], "o-", color=f"C{i}", ms=3,
+                    label=f"{RUNS[name]}, held out")
+            ax.plot(steps, [e["train_loss"] for e in d["evals"]], "--", color=f"C{i}", alpha=0.6,
+                    label=f"{RUNS[name]}, training batch")
+        ax.set(xlabel="optimizer step", ylabel="loss (nats per token)", title="Loss against step")
+        ax.legend()
+        return fig
+
+    return {"training": head(*runs.items()) + body, "training-loss.png": draw}
+
+
+def evaluate(r: dict) -> dict:
+    d = r["evaluate.json"]
+    rows = [[f"`{x['model']}`", f"{x['params']:,}", x["context"], f"{x['loss']:.4f}", f"{x['perplexity']:.2f}",
+             f"{x['accuracy']:.1%}", f"{x['tokens']:,}"] for x in d["rows"]]
+    return {"evaluate": head(("evaluate.json", d)) + table(
+        ["model", "parameters", "context", "held-out loss", "perplexity", "top-1", "tokens"], rows)}
+
+
+def models(r: dict) -> dict:
+    """The two models side by side: size and training from pretrain.py, quality from evaluate.py."""
+    d, docs = r["evaluate.json"], [("evaluate.json", r["evaluate.json"])]
+    runs = {name[:-5]: r[name] for name in RUNS if name in r}
+    docs += [(f"{name}.json", run) for name, run in runs.items()]
+    rows = [[f"`{x['model']}`", f"{x['params']:,}", f"{runs[x['model']]['steps']:,}" if x["model"] in runs else "–",
+             f"{x['loss']:.4f}", f"{x['perplexity']:.2f}", f"{x['accuracy']:.1%}"] for x in d["rows"]]
+    return {"models": head(*docs) + table(
+        ["model", "parameters", "training steps", "held-out loss", "perplexity", "top-1"], rows)}
+
+
+def context(r: dict) -> dict:
+    d = r["context.json"]
+    rows, window, smooth = d["rows"], d["window"], 32
+    body = (f"{d['streams']} streams of {d['length']} held-out tokens; loss over the tokens past the first "
+            f"{window}, on `{d['device']}`.\n\n")
+    body += table(["model", "method", "loss past the window", "ms per token"],
+                  [[f"`{x['model']}`", x["method"], f"{x['loss']:.4f}", f"{x['ms_per_token']:.2f}"] for x in rows],
+                  "llrr")
+    by = {(x["model"], x["method"]): x for x in rows}
+    cache, rope_window = by.get(("pretrain-rope", "sliding cache")), by.get(("pretrain-rope", "sliding window"))
+    if cache and rope_window:
+        body += (f"\nThe sliding cache writes a token {rope_window['ms_per_token'] / cache['ms_per_token']:.1f}× "
+                 f"faster than the rope model's sliding window")
+        learned = by.get(("pretrain", "sliding window"))
+        if learned:
+            body += f", {learned['ms_per_token'] / cache['ms_per_token']:.1f}× faster than the learned model's"
+        body += f", at a loss {cache['loss'] - rope_window['loss']:+.4f} from the window's.\n"
+
+    def draw(plt):
+        fig, (ax,) = figure(plt, height=4.2)
+        styles = {"sliding window": "-", "sliding cache": "--", "full context": ":"}
+        for i, x in enumerate(rows):
+            means = moving_average(x["position_losses"], smooth)
+            start = window + (smooth - 1) / 2  # each mean sits in the middle of its positions
+            ax.plot([start + j for j in range(len(means))], means, styles.get(x["method"], "-."), color=f"C{i}",
+                    label=f"{x['model']}: {x['method']}")
+        ax.set(xlabel=f"position in the stream (tokens); positions 0-{window - 1} are read, not scored",
+               ylabel=f"loss (nats per token),\nmean of {smooth} positions", title="Loss past the window")
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
+        ax.text(0.01, 0.98, f"window and cache: each token sees the {window} before it\nfull context: every "
+                f"token before it, so distances of {window} and more, never trained on",
+                transform=ax.transAxes, va="top", fontsize=9, color="dimgrey")
+        ax.set_ylim(top=ax.get_ylim()[1] + 0.15 * (ax.get_ylim()[1] - ax.get_ylim()[0]))
+        return fig
+
+    return {"context": head(("context.json", d)) + body, "context-loss.png": draw}
+
+
+def data(r: dict) -> dict:
+    d = r["data.json"]
+    rows = [[name, f"{d[k]['stories']:,}", f"{d[k]['tokens']:,}", f"{d[k]['chars_per_token']:.2f}"]
+            for k, name in (("train", "training"), ("held_out", "held out"))]
+    body = table(["split", "stories", "tokens", "characters per token"], rows)
+    body += (f"\nVocabulary: {d['vocab_size']:,} tokens, `<|endoftext|>` included; tokenizer hash "
+             f"`{d['tokenizer_hash']}`.  \nSource: {d['split']}\n")
+    return {"data": head(("data.json", d), machine="none needed (counts, not timings)") + body}
+
+
+def sweep(r: dict) -> dict:
+    """Loss only (perplexity = exp(loss)), one table per model: rows n_ctx, columns methods, best in bold."""
+    d, body = r["sweep.json"], ""
+    names = list(dict.fromkeys(x["model"] for x in d["rows"]))
+    for name in names:
+        mine = [x for x in d["rows"] if x["model"] == name]
+        methods = list(dict.fromkeys(x["method"] for x in mine))
+        rows = []
+        for ctx in dict.fromkeys(x["ctx"] for x in mine):
+            cells = {x["method"]: x["loss"] for x in mine if x["ctx"] == ctx}
+            best = min(cells.values())
+            rows.append([ctx] + [("**{:.3f}**" if cells[m] == best else "{:.3f}").format(cells[m]) if m in cells
+                                 else "–" for m in methods])
+        body += f"`{name}`, trained at {mine[0]['train_ctx']} tokens (best of each row in bold):\n\n"
+        body += table(["n_ctx", *methods], rows) + "\n"
+    body += ("Each row scores its own tokens (the second half of each n_ctx chunk), so compare the methods "
+             "within a row; across rows the text differs as well as the context.\n")
+    out = {"sweep": head(("sweep.json", d)) + body}
+    if d.get("memory"):
+        out["memory"] = head(("sweep.json", d)) + table(
+            ["n_ctx", "KV cache bytes per token", "KV cache MiB", "peak of one forward, MiB"],
+            [[m["ctx"], f"{m['kv_bytes_per_token']:,}", f"{m['kv_bytes'] / 2**20:.1f}",
+              "–" if m["peak_bytes"] is None else f"{m['peak_bytes'] / 2**20:.1f}"] for m in d["memory"]])
+
+    def draw(plt):
+        fig, axes = figure(plt, rows=len(names), height=3.4, sharex=True)
+        for ax, name in zip(axes, names, strict=True):
+            mine = [x for x in d["rows"] if x["model"] == name]
+            for i, method in enumerate(dict.fromkeys(x["method"] for x in mine)):
+                points = sorted((x["ctx"], x["loss"]) for x in mine if x["method"] == method)
+                ax.plot(*zip(*points, strict=True), "o-", color=f"C{i}", ms=3, label=method)
+            ax.axvline(mine[0]["train_ctx"], color="grey", ls=":")
+            ax.set(xscale="log", ylabel="loss (nats/token)", title=f"{name}: trained at {mine[0]['train_ctx']} "
+                   "tokens (dotted line)")
+            plain_ticks(ax.xaxis, sorted({x["ctx"] for x in mine}))
+        axes[-1].set_xlabel("n_ctx (tokens read at once, log scale)")
+        axes[0].legend(fontsize=8, ncol=2)
+        fig.tight_layout()
+        return fig
+
+    out["sweep.png"] = draw
+    return out
+
+
+def streams(name: str, intro: str) -> Callable[[dict], dict]:
+    """context.py --sinks / --dynamic: model, method, loss and ms per token."""
+
+    def write(r: dict) -> dict:
+        d = r[f"{name}.json"]
+        return {name: head((f"{name}.json", d)) + intro.format(**d) + "\n\n" + table(
+            ["model", "method", "loss", "ms per token"],
+            [[f"`{x['model']}`", x["method"], f"{x['loss']:.4f}", f"{x['ms_per_token']:.2f}"] for x in d["rows"]],
+            "llrr")}
+
+    return write
+
+
+def finetune(r: dict) -> dict:
+    """The long-context fine-tune: its run, and the sweep's losses before and after."""
+    d, sw = r[FINETUNE], r["sweep.json"]
+    body = table(["run", "steps", "tokens", "minutes", "held-out loss, first evaluation", "last"],
+                 [[f"`{FINETUNE[:-5]}`", f"{d['steps']:,}", f"{d['tokens']:,}", f"{d['seconds'] / 60:.1f}",
+                   f"{d['evals'][0]['val_loss']:.4f} (step {d['evals'][0]['step']})", f"{d['val_loss']:.4f}"]])
+    loss = {(x["model"], x["method"], x["ctx"]): x["loss"] for x in sw["rows"]}
+    after = sorted(c for m, method, c in loss if m == FINETUNE[:-5] and method == "none")
+    if after:
+        body += "\nHeld-out loss in the sweep, before and after the fine-tune (read as trained):\n\n" + table(
+            ["n_ctx", "before, plain rope", "before, linear-when-needed", "after"],
+            [[c, *(f"{v:.3f}" if v is not None else "–" for v in (
+                loss.get(("pretrain-rope", "none", c)), loss.get(("pretrain-rope", "linear-when-needed", c)),
+                loss[(FINETUNE[:-5], "none", c)]))] for c in after])
+    return {"finetune": head((FINETUNE, d), ("sweep.json", sw)) + body}
+
+
+def bench(r: dict) -> dict:
+    """scripts/bench.py's JSON: each figure against its bound; absent optional keys leave their rows out."""
+    b = r["bench.json"]
+    c, d, goals = b["ceilings"], b["decoding"], b.get("goals", {})
+    goal = lambda key, fmt: fmt.format(goals[key]) if key in goals else ""
+    peak_name = "bf16" if c.get("training_peak") == "matmul_bf16_flops" else "fp32"
+    rows = [[f"{kind} matmul peak", f"{c[key] / 1e9:,.1f} GFLOP/s", f"{c['matmul_n']}² product", "", ""]
+            for kind, key in (("fp32", "matmul_fp32_flops"), ("bf16", "matmul_bf16_flops")) if key in c]
+    rows += [[f"memory read{label}", f"{c[key] / 1e9:.1f} GB/s", f"sum of {c['bandwidth_mbytes']} MB", "", ""]
+             for label, key in (("", "read_bandwidth"), (", 1 thread", "read_bandwidth_1_thread")) if key in c]
+    untuned = [{**b["training_malloc_untuned"], "kind": b["training_malloc_untuned"]["kind"] + ", malloc untuned"}
+               ] if b.get("training_malloc_untuned") else []
+    for t in b["training"] + untuned:
+        label = ", ".join([t["kind"], *([t["dtype"]] if t.get("dtype") else []), "×".join(map(str, t["batch"]))])
+        rows.append([f"training ({label})", f"{t['tokens_per_s']:,.0f} tokens/s = {t['flops'] / 1e9:,.1f} GFLOP/s",
+                     f"{peak_name} peak", f"{t['share_of_peak']:.2f} of peak",
+                     goal("training_share_of_peak", "≥ {:g}")])
+    floor = f"floor {d['floor_ms']:.2f} ms"
+    for n, ms in d["cached_ms_by_threads"].items():
+        rows.append([f"decoding, sliding cache, {n} thread{'s' * (int(n) > 1)}", f"{ms:.2f} ms/token", floor,
+                     f"{ms / d['floor_ms']:.2f}× floor", goal("cached_over_floor", "≤ {:g}×")])
+    k = b.get("compiled_decoding")
+    if k:
+        rows.append(["decoding, sliding cache, compiled", f"{k['ms']:.2f} ms/token (compiling: {k['compile_s']:.0f} s)",
+                     floor, f"{k['ms'] / d['floor_ms']:.2f}× floor", goal("cached_over_floor", "≤ {:g}×")])
+    rows.append([f"decoding, re-run window (learned, {b['config']['block_size']})", f"{d['rerun_ms']:.1f} ms/token",
+                 f"compute floor {d['rerun_compute_floor_ms']:.1f} ms", f"{d['rerun_over_cached']:.1f}× the cache",
+                 goal("rerun_over_cached", "≥ {:g}×")])
+    rows += [[f"generation, batch {g['batch']}", f"{g['tokens_per_s']:,.0f} tokens/s",
+              f"floor {g['floor_tokens_per_s']:,.0f}", f"{g['share_of_floor']:.2f} of floor", ""]
+             for g in b["generation"]]
+    body = table(["figure", "measured", "against", "ratio", "goal"], rows, "lllrl")
+    body += f"\n{b['threads']} threads" + (", glibc malloc tuned" if b.get("malloc_tuned") else "") + (
+        ", --quick (rougher figures)" if b.get("quick") else "") + f", {b['date'][:10]}. {b.get('note', '')}".rstrip()
+    profiles = [("One cached decoding step (rope, batch 1, a full window held)", d.get("profile")),
+                ("The same step, compiled", (k or {}).get("profile")),
+                (f"One training step ({b['training'][-1]['kind']})", b["training"][-1].get("profile"))]
+
+    def draw(plt):
+        fig, (ax1, ax2, ax3) = figure(plt, rows=3, height=3.0)
+        peak = c[c.get("training_peak", "matmul_fp32_flops")] / 1e9
+        ax1.barh([t["kind"] + (f", {t['dtype']}" if t.get("dtype") else "") for t in b["training"]],
+                 [t["flops"] / 1e9 for t in b["training"]], color="C0")
+        ax1.axvline(peak, color="black", label=f"{peak_name} matmul peak")
+        ax1.set(xlabel="GFLOP/s", title="Training: achieved FLOP/s against the matmul peak")
+        ax1.legend(loc="lower right")
+        bars = [("floor", d["floor_ms"])] + [(f"cache, {n} thr", ms) for n, ms in d["cached_ms_by_threads"].items()]
+        bars += [("cache, compiled", k["ms"])] if k else []
+        bars += [("re-run: floor", d["rerun_compute_floor_ms"]), ("re-run window", d["rerun_ms"])]
+        colors = ["grey"] + ["C2"] * (len(bars) - 3) + ["silver", "C3"]
+        ax2.barh([n for n, _ in bars], [v for _, v in bars], color=colors)
+        for y, (_, v) in enumerate(bars):
+            ax2.text(v, y, f" {v:.1f}", va="center", fontsize=9)
+        ax2.set(xscale="log", xlabel="ms per token (log scale)", title="Decoding one token, batch 1")
+        plain_ticks(ax2.xaxis, [1, 2, 5, 10, 20, 50, 100])
+        gen = b["generation"]
+        ax3.plot([g["batch"] for g in gen], [g["tokens_per_s"] for g in gen], "o-", label="measured")
+        ax3.plot([g["batch"] for g in gen], [g["floor_tokens_per_s"] for g in gen], "s--", color="grey", label="floor")
+        ax3.set(xscale="log", yscale="log", xlabel="sequences at once (batch)", ylabel="tokens/s (log scale)",
+                title="Generation with the cache")
+        plain_ticks(ax3.xaxis, [g["batch"] for g in gen])
+        plain_ticks(ax3.yaxis, [100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000])
+        ax3.legend()
+        fig.tight_layout()
+        return fig
+
+    return {"bench": head(("bench.json", b)) + body + "\n",
+            "bench-profiles": "".join(f"**{t}**\n\n```text\n{p.strip()}\n```\n\n" for t, p in profiles if p),
+            "bench.png": draw}
+
+
+# The episode's figures, and where ours are: (json, model, method or None, field)
+OURS = {
+    "ms_learned_window_cpu": ("context.json", "pretrain", "sliding window", "ms_per_token"),
+    "ms_rope_window_cpu": ("context.json", "pretrain-rope", "sliding window", "ms_per_token"),
+    "ms_rope_cache_cpu": ("context.json", "pretrain-rope", "sliding cache", "ms_per_token"),
+    "loss_learned_window": ("context.json", "pretrain", "sliding window", "loss"),
+    "loss_rope_window": ("context.json", "pretrain-rope", "sliding window", "loss"),
+    "loss_rope_cache": ("context.json", "pretrain-rope", "sliding cache", "loss"),
+    "loss_rope_full": ("context.json", "pretrain-rope", "full context", "loss"),
+    "ms_learned_window_gpu": ("context-gpu.json", "pretrain", "sliding window", "ms_per_token"),
+    "ms_rope_cache_gpu": ("context-gpu.json", "pretrain-rope", "sliding cache", "ms_per_token"),
+    "params_rope": ("evaluate.json", "pretrain-rope", None, "params"),
+    "perplexity_learned": ("evaluate.json", "pretrain", None, "perplexity"),
+    "perplexity_rope": ("evaluate.json", "pretrain-rope", None, "perplexity"),
+    "top1_learned": ("evaluate.json", "pretrain", None, "accuracy"),
+    "top1_rope": ("evaluate.json", "pretrain-rope", None, "accuracy"),
+    "steps_learned": ("pretrain.json", None, None, "steps"),
+    "steps_rope": ("pretrain-rope.json", None, None, "steps"),
+    "tokens_per_s_learned": ("pretrain.json", None, None, "tokens_per_s"),
+    "tokens_per_s_rope": ("pretrain-rope.json", None, None, "tokens_per_s"),
+    "val_loss_learned": ("pretrain.json", None, None, "val_loss"),
+    "val_loss_rope": ("pretrain-rope.json", None, None, "val_loss"),
+    "val_loss_1000_learned": ("pretrain.json", None, 1000, "val_loss"),
+    "val_loss_1000_rope": ("pretrain-rope.json", None, 1000, "val_loss"),
+}
+RATIOS = {"speedup_rope_cache_cpu": ("ms_rope_window_cpu", "ms_rope_cache_cpu"),
+          "speedup_learned_window_over_cache_cpu": ("ms_learned_window_cpu", "ms_rope_cache_cpu"),
+          "params_fewer": ("params_learned", "params_rope")}
+OURS["params_learned"] = ("evaluate.json", "pretrain", None, "params")
+
+
+def ours(r: dict, key: str) -> float | None:
+    if key in RATIOS:
+        a, b = (ours(r, k) for k in RATIOS[key])
+        return None if a is None or b is None else (a - b if key == "params_fewer" else a / b)
+    name, model, which, field = OURS[key]
+    d = r.get(name)
+    if d is None:
+        return None
+    if "rows" in d:
+        d = next((x for x in d["rows"] if x["model"] == model and x.get("method", which) == which), None)
+    elif which is not None:  # a step of a training run
+        d = next((e for e in d["evals"] if e["step"] == which), None)
+    return None if d is None else d[field]
+
+
+def episode(r: dict) -> dict:
+    e = r["episode.json"]
+    rows, used = [], ["episode.json"]
+    for f in e["figures"]:
+        value = ours(r, f["id"])
+        fmt = f.get("format", "{:.2f}")
+        if f["id"] in OURS and OURS[f["id"]][0] not in used and value is not None:
+            used.append(OURS[f["id"]][0])
+        rows.append([f["what"], f"{f['text']} ({f['at']})", "–" if value is None else fmt.format(value)])
+    body = f"The episode: {e['hardware']}. This run: the machine(s) below; `–`: not measured here.\n\n"
+    body += table(["figure", "episode (at)", "this run"], rows, "lrr")
+    return {"episode": head(*[(n, r[n]) for n in used]) + body}
+
+
+def rope_speeds(_: dict, other_base: float = 100000.0) -> dict:
+    """θ_i = base^(-2i/d), the speed of pair i, and the tokens it takes to turn once, for ours and nanochat's base."""
+    config = GPTConfig()
+    d = config.head_size
+    speed = lambda base, i: base ** (-2 * i / d)
+    rows = [[i, f"{i}, {i + d // 2}", f"{speed(config.rope_theta, i):.3g}",
+             f"{2 * math.pi / speed(config.rope_theta, i):,.1f}", f"{2 * math.pi / speed(other_base, i):,.1f}"]
+            for i in sorted({0, 1, 2, 4, 8, 16, d // 2 - 1})]
+    return {"rope-speeds": f"Computed from `GPTConfig()` (base {config.rope_theta:,.0f}, head size {d}), by "
+            "`python dev/report.py`.\n\n" + table(["pair i", "channels", "θ_i (rad/token)", "tokens per turn",
+                                                   f"… base {other_base:,.0f}"], rows, "lrrrr")}
+
+
+def weights(_: dict) -> dict:
+    """The saved weight names and shapes of both kinds, blocks folded into one line per name."""
+    import torch
+
+    with torch.device("meta"):
+        kinds = {rope: GPT(GPTConfig(rope=rope)) for rope in (False, True)}
+    names: dict[str, tuple] = {}
+    for rope, model in kinds.items():
+        for name, tensor in model.state_dict().items():
+            names.setdefault(re.sub(r"^blocks\.\d+\.", "blocks.N.", name), (tuple(tensor.shape), set()))[1].add(rope)
+    rows = [[f"`{n}`", " × ".join(map(str, shape)), "both" if len(k) == 2 else ("rope" if True in k else "learned")]
+            for n, (shape, k) in names.items()]
+    learned, rope = kinds[False].num_params(), kinds[True].num_params()
+    return {"weights": "Computed from `GPT(GPTConfig())` and `GPT(GPTConfig(rope=True))`, by `python dev/report.py`."
+            "\n\n" + table(["name", "shape", "in"], rows, "lrl") +
+            f"\n`N` runs from 0 to {kinds[False].config.n_layer - 1}. `lm_head.weight` is the same tensor as "
+            f"`wte.weight` (tied) and counts once: {learned:,} parameters with learned positions, {rope:,} with "
+            f"rope, {learned - rope:,} fewer.\n"}
+
+
+def rotation(_: dict) -> dict:
+    """A pair of channels as an arrow turned by m·θ_i at positions m = 0..5: a fast, a middle and the slowest pair."""
+
+    def draw(plt):
+        config = GPTConfig()
+        d = config.head_size
+        plt.rcParams.update({"font.size": 11})
+        fig, axes = plt.subplots(1, 3, figsize=(8, 3.1))
+        for ax, i in zip(axes, (0, 8, d // 2 - 1), strict=True):
+            theta = config.rope_theta ** (-2 * i / d)
+            for m in range(6):
+                a = 0.3 + m * theta
+                ax.annotate("", xy=(math.cos(a), math.sin(a)), xytext=(0, 0),
+                            arrowprops={"arrowstyle": "->", "color": f"C{m}", "lw": 1.5})
+                if theta > 0.5:
+                    ax.text(1.2 * math.cos(a), 1.2 * math.sin(a), str(m), color=f"C{m}", ha="center", va="center")
+            if theta < 0.5:
+                ax.text(0, -0.9, "0…5 " + ("close together" if theta > 0.01 else "on top of each other"),
+                        ha="center", fontsize=10)
+            ax.set(xlim=(-1.35, 1.35), ylim=(-1.35, 1.35), aspect="equal", xticks=[], yticks=[],
+                   title=f"pair {i}\nθ = {theta:.3g} rad/token")
+        fig.suptitle("Positions m = 0…5 (numbered) turn a pair by m·θ", fontsize=11)
+        fig.tight_layout()
+        return fig
+
+    return {"rope-rotation.png": draw}
+
+
+OUTPUTS: list[tuple[tuple[str, ...], tuple[str, ...], Callable[[dict], dict], tuple[str, ...]]] = [
+    # (JSON needed, JSON used if present, writer, what it writes)
+    (tuple(RUNS), (), training, ("training", "training-loss.png")),
+    (("evaluate.json",), (), evaluate, ("evaluate",)),
+    (("evaluate.json",), tuple(RUNS), models, ("models",)),
+    (("context.json",), (), context, ("context", "context-loss.png")),
+    (("data.json",), (), data, ("data",)),
+    (("sweep.json",), (), sweep, ("sweep", "memory", "sweep.png")),
+    (("sinks.json",), (), streams("sinks", "{streams} streams of {length} held-out tokens through a cache that "
+                                  "slides, keeping {sinks} attention sinks or none; loss past the first window."),
+     ("sinks",)),
+    (("dynamic.json",), (), streams("dynamic", "{streams} streams of {length} held-out tokens read one at a time "
+                                    "into a cache that never slides; loss past the first window."), ("dynamic",)),
+    ((FINETUNE, "sweep.json"), (), finetune, ("finetune",)),
+    (("bench.json",), (), bench, ("bench", "bench-profiles", "bench.png")),
+    (("episode.json",), (*RUNS, "evaluate.json", "context.json", "context-gpu.json"), episode, ("episode",)),
+    ((), (), rope_speeds, ("rope-speeds",)),
+    ((), (), weights, ("weights",)),
+    ((), (), rotation, ("rope-rotation.png",)),
+]
+
+
+def build(results: Path) -> tuple[dict[str, str], dict[str, Draw | None]]:
+    """Every table ({name: markdown}) and figure ({name.png: draw, or None for a placeholder})."""
+    tables, figures = {}, {}
+    for needed, optional, write, names in OUTPUTS:
+        r = {n: json.loads((results / n).read_text(encoding="utf-8")) for n in needed + optional
+             if (results / n).exists()}
+        missing = [n for n in needed if n not in r]
+        out = write(r) if not missing else {n: PLACEHOLDER.format(missing=", ".join(missing)) for n in names}
+        for name in names:
+            if name.endswith(".png"):
+                figures[name] = None if missing else out[name]
+            else:
+                tables[name] = out.get(name, PLACEHOLDER.format(missing="its rows"))
+    return tables, figures
+
+
+def readme_block(text: str, tables: dict[str, str]) -> str:
+    """The README with the main tables between its markers (the rest as it was)."""
+    before, rest = text.split(README_START, 1)
+    _, after = rest.split(README_END, 1)
+    parts = [tables[n].strip() for n in README_TABLES if "Not measured yet" not in tables[n]]
+    block = "\n\n".join(parts) if parts else "Run the main job, then `python dev/report.py`."
+    return f"{before}{README_START}\n{block}\n{README_END}{after}"
+
+
+def save_figure(path: Path, draw: Draw | None) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    if draw is None:
+        fig, ax = plt.subplots(figsize=(8, 1.2))
+        ax.axis("off")
+        ax.text(0.5, 0.5, "Not measured yet: run the main job, then python dev/report.py", ha="center", va="center")
+    else:
+        fig = draw(plt)
+    fig.savefig(path, dpi=150, bbox_inches="tight", metadata={"Software": None})
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--results-dir", default=str(ROOT / "results"), help="the scripts' JSON (committed)")
+    p.add_argument("--docs-dir", default=str(ROOT / "docs"), help="writes DOCS/results/*.md and DOCS/figures/*.png")
+    p.add_argument("--readme", default=str(ROOT / "README.md"), help="fill this file's Results block ('': none)")
+    p.add_argument("--no-figures", action="store_true", help="tables only (seconds, no matplotlib needed)")
+    p.add_argument("--check", action="store_true", help="compare with the files, write nothing; exit 1 if any differ")
+    args = p.parse_args(argv)
+    results, docs = Path(args.results_dir), Path(args.docs_dir)
+    if not results.is_dir():
+        print(f"error: {results} is not a folder of results: pass --results-dir", file=sys.stderr)
+        return 2
+    tables, figures = build(results)
+    files = {docs / "results" / f"{name}.md": text for name, text in tables.items()}
+    if args.readme:
+        readme = Path(args.readme)
+        text = readme.read_text(encoding="utf-8")
+        if README_START not in text or README_END not in text:
+            print(f"error: {readme} lacks the {README_START} ... {README_END} markers: add them, or --readme ''",
+                  file=sys.stderr)
+            return 2
+        files[readme] = readme_block(text, tables)
+    if args.check:
+        stale = [str(path) for path, text in files.items()
+                 if not path.exists() or path.read_text(encoding="utf-8") != text]
+        for path in stale:
+            print(f"differs from what dev/report.py makes of {results}: {path}")
+        return 1 if stale else 0
+    for path, text in files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+        print(f"wrote {path}")
+    if not args.no_figures:
+        (docs / "figures").mkdir(parents=True, exist_ok=True)
+        for name, draw in figures.items():
+            save_figure(docs / "figures" / name, draw)
+            print(f"wrote {docs / 'figures' / name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
