@@ -112,9 +112,10 @@ def training(r: dict) -> dict:
 def evaluate(r: dict) -> dict:
     d = r["evaluate.json"]
     rows = [[f"`{x['model']}`", f"{x['params']:,}", x["context"], f"{x['loss']:.4f}", f"{x['perplexity']:.2f}",
-             f"{x['accuracy']:.1%}", f"{x['tokens']:,}"] for x in d["rows"]]
-    return {"evaluate": head(("evaluate.json", d)) + table(
-        ["model", "parameters", "context", "held-out loss", "perplexity", "top-1", "tokens"], rows)}
+             f"{x['accuracy']:.1%}"] for x in d["rows"]]
+    tokens = ", ".join(dict.fromkeys(f"{x['tokens']:,}" for x in d["rows"]))
+    return {"evaluate": head(("evaluate.json", d)) + f"Over {tokens} held-out tokens.\n\n" + table(
+        ["model", "parameters", "context", "held-out loss", "perplexity", "top-1"], rows)}
 
 
 def models(r: dict) -> dict:
