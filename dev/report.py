@@ -190,6 +190,13 @@ def sweep(r: dict) -> dict:
             best = min(cells.values())
             rows.append([ctx] + [("**{:.3f}**" if cells[m] == best else "{:.3f}").format(cells[m]) if m in cells
                                  else "–" for m in methods])
+        train_ctx = mine[0]["train_ctx"]
+        past = {(x["method"], x["ctx"]): x["loss"] for x in mine if x["ctx"] > train_ctx}
+        ctxs = sorted({c for _, c in past})
+        if "none" in methods and ctxs:  # a generated summary, so the prose need not count
+            rows.append([f"below `none` past {train_ctx}"] + [
+                "–" if m == "none" else f"{sum(past.get((m, c), math.inf) < past[('none', c)] for c in ctxs)} "
+                f"of {len(ctxs)}" for m in methods])
         body += f"`{name}`, trained at {mine[0]['train_ctx']} tokens (best of each row in bold):\n\n"
         body += table(["n_ctx", *methods], rows) + "\n"
     body += ("Each row scores its own tokens (the second half of each n_ctx chunk), so compare the methods "
@@ -226,10 +233,11 @@ def streams(name: str, intro: str) -> Callable[[dict], dict]:
 
     def write(r: dict) -> dict:
         d = r[f"{name}.json"]
+        losses = [x["loss"] for x in d["rows"]]
         return {name: head((f"{name}.json", d)) + intro.format(**d) + "\n\n" + table(
             ["model", "method", "loss", "ms per token"],
             [[f"`{x['model']}`", x["method"], f"{x['loss']:.4f}", f"{x['ms_per_token']:.2f}"] for x in d["rows"]],
-            "llrr")}
+            "llrr") + f"\nThe losses of these rows span {max(losses) - min(losses):.4f}.\n"}
 
     return write
 

@@ -13,7 +13,6 @@ from mvgpt.bench import (
     decode_flops_per_token,
     forward_flops,
     matmul_weights,
-    summary_rows,
     training_flops_per_token,
 )
 from mvgpt.model import KVCache
@@ -67,12 +66,13 @@ def test_bench_runs_end_to_end_and_writes_its_figures(tmp_path):
         assert number > 0, path
     assert "decoding, sliding cache (rope, batch 1)" in printed and saved["machine"] in printed
 
-    run(str(ROOT / "scripts" / "plot_bench.py"), str(out), "--out-dir", str(tmp_path / "docs"))
-    table = (tmp_path / "docs" / "results" / "bench.md").read_text()
-    assert table.startswith("| figure | measured |") and saved["machine"] in table and saved["command"] in table
-    assert len([line for line in table.splitlines() if line.startswith("|")]) == len(summary_rows(saved)) + 1
-    assert "```text" in (tmp_path / "docs" / "results" / "bench-profiles.md").read_text()
-    assert (tmp_path / "docs" / "figures" / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    docs = tmp_path / "docs"  # the docs' table, profiles and figure, from this JSON (dev/report.py)
+    run(str(ROOT / "dev" / "report.py"), "--results-dir", str(tmp_path), "--docs-dir", str(docs), "--readme", "")
+    table = (docs / "results" / "bench.md").read_text()
+    assert saved["machine"] in table and saved["command"] in table
+    assert all(f"| training ({t['kind']}, " in table for t in saved["training"])
+    assert "```text" in (docs / "results" / "bench-profiles.md").read_text()
+    assert (docs / "figures" / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_matmul_weights_are_the_linear_layers_weights():
