@@ -16,11 +16,19 @@ from mkdocs.exceptions import PluginError
 
 FORMULA = re.compile(r'<(span|div) class="arithmatex">(.*?)</\1>', re.S)
 UNTYPESET = re.compile(r">\s*\\[A-Za-z]+")  # a LaTeX command left as text inside the MathML
+# pmatrix: latex2mathml writes ( <mtable> ), and a browser stretches the parentheses only with a math font
+# (OpenType MATH table), which few systems have; a class instead, whose CSS draws the brackets as borders.
+AFTER_TERM = re.compile(r"(?<=</m[in]>)(<mi>(?:sin|cos|tan|exp|ln|log)</mi>)")
+MATRIX = re.compile(r"<mo>&#x00028;</mo><mtable>((?:(?!<mtable>).)*?)</mtable><mo>&#x00029;</mo>", re.S)
+FUNCTION = re.compile(r"<mi>(sin|cos|tan|exp|ln|log)</mi>")  # \cos a: latex2mathml puts no space after cos
 
 
 def typeset(tex: str, display: bool) -> str:
     """LaTeX -> MathML; raises ValueError for LaTeX that latex2mathml would leave as text."""
     mathml = convert(tex, display="block" if display else "inline")
+    mathml = FUNCTION.sub(r'<mi>\1</mi><mspace width="0.167em" />', mathml)
+    mathml = AFTER_TERM.sub(r'<mspace width="0.167em" />\1', mathml)  # a cos b: a space before cos too
+    mathml = MATRIX.sub(r'<mtable class="matrix">\1</mtable>', mathml)
     if UNTYPESET.search(mathml):
         raise ValueError(f"latex2mathml cannot typeset {UNTYPESET.search(mathml).group().strip('> ')} in {tex!r}")
     return mathml

@@ -39,7 +39,7 @@ def test_the_hook_turns_each_formula_into_mathml_and_stops_on_latex_it_cannot_ty
     assert "\\(" not in out and "\\[" not in out
     inline, block = out.split("<math")[1:]
     assert 'display="inline"' in inline and "<mo>&#x0003C;</mo>" in inline  # θ_i < 1, unescaped once
-    assert 'display="block"' in block and block.count("<mtr>") == 2
+    assert 'display="block"' in block and block.count("<mtr>") == 2 and '<mtable class="matrix">' in block
     with pytest.raises(PluginError, match=r"page.md: latex2mathml cannot typeset \\langle in "):
         mkdocs_math.on_page_content('<span class="arithmatex">\\(\\big\\langle q \\big\\rangle\\)</span>', Page)
 
