@@ -385,7 +385,7 @@ def episode(r: dict) -> dict:
         if f["id"] in OURS and OURS[f["id"]][0] not in used and value is not None:
             used.append(OURS[f["id"]][0])
         rows.append([f["what"], f"{f['text']} ({f['at']})", "–" if value is None else fmt.format(value)])
-    body = f"The episode: {e['hardware']}. This run: the machine(s) below; `–`: not measured here.\n\n"
+    body = f"The episode: {e['hardware']}. This run: the machine(s) above; `–`: not measured here.\n\n"
     body += table(["figure", "episode (at)", "this run"], rows, "lrr")
     return {"episode": head(*[(n, r[n]) for n in used]) + body}
 
