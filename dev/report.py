@@ -24,7 +24,7 @@ from mvgpt.model import GPT, GPTConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 README_START, README_END = "<!-- report.py: start -->", "<!-- report.py: end -->"
-README_TABLES = ["training", "models", "context", "sweep"]
+README_TABLES = ["training", "evaluate", "context", "sweep"]
 PLACEHOLDER = ('!!! note "Not measured yet"\n'
                "    `{missing}` is not in `results/`: run the main job, then `python dev/report.py`.\n")
 RUNS = {"pretrain.json": "learned positions", "pretrain-rope.json": "rotary embeddings"}
@@ -116,17 +116,6 @@ def evaluate(r: dict) -> dict:
     tokens = ", ".join(dict.fromkeys(f"{x['tokens']:,}" for x in d["rows"]))
     return {"evaluate": head(("evaluate.json", d)) + f"Over {tokens} held-out tokens.\n\n" + table(
         ["model", "parameters", "context", "held-out loss", "perplexity", "top-1"], rows)}
-
-
-def models(r: dict) -> dict:
-    """The two models side by side: size and training from pretrain.py, quality from evaluate.py."""
-    d, docs = r["evaluate.json"], [("evaluate.json", r["evaluate.json"])]
-    runs = {name[:-5]: r[name] for name in RUNS if name in r}
-    docs += [(f"{name}.json", run) for name, run in runs.items()]
-    rows = [[f"`{x['model']}`", f"{x['params']:,}", f"{runs[x['model']]['steps']:,}" if x["model"] in runs else "–",
-             f"{x['loss']:.4f}", f"{x['perplexity']:.2f}", f"{x['accuracy']:.1%}"] for x in d["rows"]]
-    return {"models": head(*docs) + table(
-        ["model", "parameters", "training steps", "held-out loss", "perplexity", "top-1"], rows)}
 
 
 def context(r: dict) -> dict:
@@ -243,20 +232,12 @@ def streams(name: str, intro: str) -> Callable[[dict], dict]:
 
 
 def finetune(r: dict) -> dict:
-    """The long-context fine-tune: its run, and the sweep's losses before and after."""
-    d, sw = r[FINETUNE], r["sweep.json"]
-    body = table(["run", "steps", "tokens", "minutes", "held-out loss, first evaluation", "last"],
-                 [[f"`{FINETUNE[:-5]}`", f"{d['steps']:,}", f"{d['tokens']:,}", f"{d['seconds'] / 60:.1f}",
-                   f"{d['evals'][0]['val_loss']:.4f} (step {d['evals'][0]['step']})", f"{d['val_loss']:.4f}"]])
-    loss = {(x["model"], x["method"], x["ctx"]): x["loss"] for x in sw["rows"]}
-    after = sorted(c for m, method, c in loss if m == FINETUNE[:-5] and method == "none")
-    if after:
-        body += "\nHeld-out loss in the sweep, before and after the fine-tune (read as trained):\n\n" + table(
-            ["n_ctx", "before, plain rope", "before, linear-when-needed", "after"],
-            [[c, *(f"{v:.3f}" if v is not None else "–" for v in (
-                loss.get(("pretrain-rope", "none", c)), loss.get(("pretrain-rope", "linear-when-needed", c)),
-                loss[(FINETUNE[:-5], "none", c)]))] for c in after])
-    return {"finetune": head((FINETUNE, d), ("sweep.json", sw)) + body}
+    """The long-context fine-tune's run (the sweep shows the fine-tuned model beside the original)."""
+    d = r[FINETUNE]
+    return {"finetune": head((FINETUNE, d)) + table(
+        ["run", "steps", "tokens", "minutes", "held-out loss, first evaluation", "last"],
+        [[f"`{FINETUNE[:-5]}`", f"{d['steps']:,}", f"{d['tokens']:,}", f"{d['seconds'] / 60:.1f}",
+          f"{d['evals'][0]['val_loss']:.4f} (step {d['evals'][0]['step']})", f"{d['val_loss']:.4f}"]])}
 
 
 def bench(r: dict) -> dict:
@@ -330,64 +311,31 @@ def bench(r: dict) -> dict:
             "bench.png": draw}
 
 
-# The episode's figures, and where ours are: (json, model, method or None, field)
-OURS = {
-    "ms_learned_window_cpu": ("context.json", "pretrain", "sliding window", "ms_per_token"),
-    "ms_rope_window_cpu": ("context.json", "pretrain-rope", "sliding window", "ms_per_token"),
-    "ms_rope_cache_cpu": ("context.json", "pretrain-rope", "sliding cache", "ms_per_token"),
-    "loss_learned_window": ("context.json", "pretrain", "sliding window", "loss"),
-    "loss_rope_window": ("context.json", "pretrain-rope", "sliding window", "loss"),
-    "loss_rope_cache": ("context.json", "pretrain-rope", "sliding cache", "loss"),
-    "loss_rope_full": ("context.json", "pretrain-rope", "full context", "loss"),
-    "ms_learned_window_gpu": ("context-gpu.json", "pretrain", "sliding window", "ms_per_token"),
-    "ms_rope_cache_gpu": ("context-gpu.json", "pretrain-rope", "sliding cache", "ms_per_token"),
-    "params_rope": ("evaluate.json", "pretrain-rope", None, "params"),
-    "perplexity_learned": ("evaluate.json", "pretrain", None, "perplexity"),
-    "perplexity_rope": ("evaluate.json", "pretrain-rope", None, "perplexity"),
-    "top1_learned": ("evaluate.json", "pretrain", None, "accuracy"),
-    "top1_rope": ("evaluate.json", "pretrain-rope", None, "accuracy"),
-    "steps_learned": ("pretrain.json", None, None, "steps"),
-    "steps_rope": ("pretrain-rope.json", None, None, "steps"),
-    "tokens_per_s_learned": ("pretrain.json", None, None, "tokens_per_s"),
-    "tokens_per_s_rope": ("pretrain-rope.json", None, None, "tokens_per_s"),
-    "val_loss_learned": ("pretrain.json", None, None, "val_loss"),
-    "val_loss_rope": ("pretrain-rope.json", None, None, "val_loss"),
-    "val_loss_1000_learned": ("pretrain.json", None, 1000, "val_loss"),
-    "val_loss_1000_rope": ("pretrain-rope.json", None, 1000, "val_loss"),
-}
-RATIOS = {"speedup_rope_cache_cpu": ("ms_rope_window_cpu", "ms_rope_cache_cpu"),
-          "speedup_learned_window_over_cache_cpu": ("ms_learned_window_cpu", "ms_rope_cache_cpu"),
-          "params_fewer": ("params_learned", "params_rope")}
-OURS["params_learned"] = ("evaluate.json", "pretrain", None, "params")
-
-
-def ours(r: dict, key: str) -> float | None:
-    if key in RATIOS:
-        a, b = (ours(r, k) for k in RATIOS[key])
-        return None if a is None or b is None else (a - b if key == "params_fewer" else a / b)
-    name, model, which, field = OURS[key]
+def ours(r: dict, where: str) -> float | None:
+    """Our figure for an episode one: "file:model:method:field" (a row), "file:@step:field" (an evaluation of a
+    run), "file::field" (the file's own), or "A / B" and "A - B" of two of those. None if not measured."""
+    for op, f in ((" / ", lambda a, b: a / b), (" - ", lambda a, b: a - b)):
+        if op in where:
+            a, b = (ours(r, w) for w in where.split(op))
+            return None if a is None or b is None else f(a, b)
+    name, *keys, field = where.split(":")
     d = r.get(name)
-    if d is None:
-        return None
-    if "rows" in d:
-        d = next((x for x in d["rows"] if x["model"] == model and x.get("method", which) == which), None)
-    elif which is not None:  # a step of a training run
-        d = next((e for e in d["evals"] if e["step"] == which), None)
+    if d is not None and keys[0].startswith("@"):
+        d = next((e for e in d["evals"] if e["step"] == int(keys[0][1:])), None)
+    elif d is not None and keys[0]:
+        d = next((x for x in d["rows"] if [x["model"], x.get("method", "")] == (keys + [""])[:2]), None)
     return None if d is None else d[field]
 
 
 def episode(r: dict) -> dict:
     e = r["episode.json"]
-    rows, used = [], ["episode.json"]
-    for f in e["figures"]:
-        value = ours(r, f["id"])
-        fmt = f.get("format", "{:.2f}")
-        if f["id"] in OURS and OURS[f["id"]][0] not in used and value is not None:
-            used.append(OURS[f["id"]][0])
-        rows.append([f["what"], f"{f['text']} ({f['at']})", "–" if value is None else fmt.format(value)])
+    rows = [[f["what"], f"{f['text']} ({f['at']})", "–" if (v := ours(r, f["ours"])) is None else f["format"].format(v)]
+            for f in e["figures"]]
+    used = ["episode.json", *(n for n in ("pretrain.json", "pretrain-rope.json", "evaluate.json", "context.json",
+                                          "context-gpu.json") if n in r and any(n in f["ours"] for f in e["figures"]))]
     body = f"The episode: {e['hardware']}. This run: the machine(s) above; `–`: not measured here.\n\n"
-    body += table(["figure", "episode (at)", "this run"], rows, "lrr")
-    return {"episode": head(*[(n, r[n]) for n in used]) + body}
+    return {"episode": head(*[(n, r[n]) for n in used]) + body + table(["figure", "episode (at)", "this run"], rows,
+                                                                          "lrr")}
 
 
 def rope_speeds(_: dict, other_base: float = 100000.0) -> dict:
@@ -455,7 +403,6 @@ OUTPUTS: list[tuple[tuple[str, ...], tuple[str, ...], Callable[[dict], dict], tu
     # (JSON needed, JSON used if present, writer, what it writes)
     (tuple(RUNS), (), training, ("training", "training-loss.png")),
     (("evaluate.json",), (), evaluate, ("evaluate",)),
-    (("evaluate.json",), tuple(RUNS), models, ("models",)),
     (("context.json",), (), context, ("context", "context-loss.png")),
     (("data.json",), (), data, ("data",)),
     (("sweep.json",), (), sweep, ("sweep", "memory", "sweep.png")),
@@ -464,7 +411,7 @@ OUTPUTS: list[tuple[tuple[str, ...], tuple[str, ...], Callable[[dict], dict], tu
      ("sinks",)),
     (("dynamic.json",), (), streams("dynamic", "{streams} streams of {length} held-out tokens read one at a time "
                                     "into a cache that never slides; loss past the first window."), ("dynamic",)),
-    ((FINETUNE, "sweep.json"), (), finetune, ("finetune",)),
+    ((FINETUNE,), (), finetune, ("finetune",)),
     (("bench.json",), (), bench, ("bench", "bench-profiles", "bench.png")),
     (("episode.json",), (*RUNS, "evaluate.json", "context.json", "context-gpu.json"), episode, ("episode",)),
     ((), (), rope_speeds, ("rope-speeds",)),

@@ -132,9 +132,16 @@ def test_training_table_from_pretrain_json(results, tmp_path):
     assert [r[0] for r in shared] == ["0", "200", "400", "600", "800", "1,000"]  # steps both evaluated, only those
     assert shared[-1] == ["1,000", "2.0000", "1.8750", "-0.1250"]
     assert callable(figures["training-loss.png"])
-    models = rows_of(tables["models"])
-    assert models[1:] == [["`pretrain`", "1,000", "1,250", "2.2500", f"{math.exp(2.25):.2f}", "45.7%"],
-                          ["`pretrain-rope`", "900", "1,178", "2.1250", f"{math.exp(2.125):.2f}", "50.0%"]]
+    evaluate = rows_of(tables["evaluate"])
+    assert evaluate[1:] == [["`pretrain`", "1,000", "32", "2.2500", f"{math.exp(2.25):.2f}", "45.7%"],
+                            ["`pretrain-rope`", "900", "32", "2.1250", f"{math.exp(2.125):.2f}", "50.0%"]]
+    assert "Over 640 held-out tokens." in tables["evaluate"]
+
+
+def test_finetune_table_from_its_pretrain_json(results):
+    (results / report.FINETUNE).write_text(json.dumps(pretrain_json("rope", 80, 0.5)))
+    rows = rows_of(report.build(results)[0]["finetune"])
+    assert rows[1] == ["`pretrain-rope-ctx1024-linear`", "80", f"{80 * 4096:,}", "10.0", "3.5000 (step 0)", "2.5000"]
 
 
 def test_data_table_from_prepare_json(corpus_dir, tmp_path):
@@ -190,15 +197,18 @@ def test_bench_table_tolerates_absent_optional_keys(results):
 
 def test_episode_table_sets_each_episode_figure_beside_ours(results):
     episode = json.loads((ROOT / "results" / "episode.json").read_text())
-    assert {f["id"] for f in episode["figures"]} <= set(report.OURS) | set(report.RATIOS)  # every figure has a home
-    rows = {r[0]: r[1:] for r in rows_of(report.build(results)[0]["episode"])}
+    r = {n: json.loads((results / n).read_text()) for n in ("pretrain.json", "pretrain-rope.json", "evaluate.json",
+                                                           "context.json")}
+    for f in episode["figures"]:  # every figure finds its place in what the scripts write (no GPU run here)
+        assert (report.ours(r, f["ours"]) is None) == f["ours"].startswith("context-gpu.json"), f["what"]
+    rows = {row[0]: row[1:] for row in rows_of(report.build(results)[0]["episode"])}
     assert rows["CPU ms/token: rope, sliding cache"] == ["about 2.2 (0:19, 13:37)", "2.0"]
     assert rows["CPU: rope's window ÷ its sliding cache"] == ["about 5.3× (13:37)", "6.0×"]
     assert rows["steps in the run, rope (ten minutes in the episode)"] == ["1,178 (9:40)", "1,178"]
     assert rows["held-out loss at step 1,000, learned"] == ["about 2.31 (10:16)", "2.00"]
     assert rows["top-1 accuracy, rope"] == ["about 51% (10:41)", "50%"]
     assert rows["parameters fewer than with learned positions"][1] == "100"
-    assert rows["GPU ms/token: rope, sliding cache"] == ["about 3.0 (13:37)", "–"]  # no GPU run in results/
+    assert rows["GPU ms/token: rope, sliding cache"] == ["about 3.0 (13:37)", "–"]
 
 
 def test_missing_inputs_give_placeholders_and_the_code_tables_are_still_made(tmp_path):
