@@ -37,8 +37,8 @@ Draw = Callable  # draw(plt) -> a matplotlib figure
 
 
 def table(header: list[str], rows: list[list], align: str = "") -> str:
-    """A markdown table; align is one letter per column, l or r (default: the first l, the rest r)."""
-    align = align or "l" + "r" * (len(header) - 1)
+    """A markdown table; align gives l or r for the first columns (default: the first l), the rest are r."""
+    align = (align or "l").ljust(len(header), "r")
     rule = [":---" if a == "l" else "---:" for a in align]
     return "".join("| " + " | ".join(str(c) for c in cells) + " |\n" for cells in [header, rule, *rows])
 
@@ -100,7 +100,8 @@ def training(r: dict) -> dict:
             steps = [e["step"] for e in d["evals"]]
             ax.plot(steps, [e["val_loss"] for e in d["evals"]], "o-", color=f"C{i}", ms=3,
                     label=f"{RUNS[name]}, held out")
-            ax.plot(steps, [e["train_loss"] for e in d["evals"]], "--", color=f"C{i}", alpha=0.6,
+            ax.plot(steps, [math.nan if e["train_loss"] is None else e["train_loss"] for e in d["evals"]], "--",
+                    color=f"C{i}", alpha=0.6,
                     label=f"{RUNS[name]}, training batch")
         ax.set(xlabel="optimizer step", ylabel="loss (nats per token)", title="Loss against step")
         ax.legend()

@@ -26,9 +26,10 @@ MACHINE = "Made-up CPU, 2 threads, torch x, cpu"
 
 
 def pretrain_json(kind: str, steps: int, offset: float) -> dict:
-    """A run summary in the format pretrain.py writes into results/<run>.json."""
+    """A run summary in the format pretrain.py writes into results/<run>.json (a last evaluation made
+    without a training step in the process, after a resume, has no training loss)."""
     evals = [{"step": s, "val_loss": 3.0 - s / 1000 + offset, "train_loss": 2.9 - s / 1000 + offset}
-             for s in range(0, steps, 200)] + [{"step": steps, "val_loss": 2.0 + offset, "train_loss": 1.9 + offset}]
+             for s in range(0, steps, 200)] + [{"step": steps, "val_loss": 2.0 + offset, "train_loss": None}]
     return {"command": f"python scripts/pretrain.py{' --rope' if kind == 'rope' else ''} --minutes 10",
             "machine": MACHINE, "run": "pretrain" + ("-rope" if kind == "rope" else ""), "kind": kind,
             "dtype": "bfloat16", "steps": steps, "tokens": steps * 4096, "seconds": 600.5,
@@ -124,6 +125,7 @@ def test_training_table_from_pretrain_json(results, tmp_path):
         "From `results/pretrain.json` (made by `python scripts/pretrain.py --minutes 10`), "
         "`results/pretrain-rope.json` (made by `python scripts/pretrain.py --rope --minutes 10`)")
     assert f"Machine: {MACHINE}\n" in training  # one machine for both runs, named once
+    assert "\n| :--- | :--- | :--- | ---: | ---: | ---: | ---: | ---: |\n" in training  # a rule cell per column
     rows = rows_of(training)
     assert rows[1] == ["learned positions", "learned", "bfloat16", "1,250", f"{1250 * 4096:,}", "10.0",
                        f"{1250 * 4096 / 600.5:,.0f}", "2.0000"]
