@@ -173,8 +173,9 @@ def rope_parameters(config: GPTConfig, scaling: RopeScaling | None) -> tuple[dic
 
 
 def hf_config(model: GPT, eot: int) -> dict[str, Any]:
-    """config.json for the model (reading `model.rope_scaling` for a rope model)."""
+    """config.json for the model (reading `model.rope_scaling`, set by long_context.set_context)."""
     c = model.config
+    rope_scaling = getattr(model, "rope_scaling", None)  # None: a model read at its training context
     common = {
         "vocab_size": c.vocab_size,
         "bos_token_id": eot,  # stories are separated by <|endoftext|>, and a new one starts after it
@@ -186,7 +187,7 @@ def hf_config(model: GPT, eot: int) -> dict[str, Any]:
         "torch_dtype": "float32",  # the name before transformers 5
     }
     if not c.rope:
-        if model.rope_scaling is not None and model.rope_scaling.method != "none":
+        if rope_scaling is not None and rope_scaling.method != "none":
             raise ExportError("--rope-scaling needs a rope model; this one has learned positions")
         return {
             "architectures": ["GPT2LMHeadModel"],
@@ -206,7 +207,7 @@ def hf_config(model: GPT, eot: int) -> dict[str, Any]:
             "reorder_and_upcast_attn": False,
             **common,
         }
-    rope, max_positions = rope_parameters(c, model.rope_scaling)
+    rope, max_positions = rope_parameters(c, rope_scaling)
     scaling = {k: v for k, v in rope.items() if k not in ("rope_theta", "partial_rotary_factor")}
     return {
         "architectures": ["GPTNeoXForCausalLM"],

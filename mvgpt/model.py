@@ -1,4 +1,4 @@
-"""mvGPT's model, read top to bottom: config, rotary helper, KV cache, attention, MLP, block, GPT.
+"""mvGPT's model, read top to bottom: config, rotary helpers, KV cache, attention, MLP, block, GPT.
 
 Two ways to tell the model where each token is:
 - learned positions (GPT-2's way): a table with one row per place in the 256-token window, added
@@ -7,18 +7,30 @@ Two ways to tell the model where each token is:
 - rotary position embeddings (RoFormer, Llama): each query and key is turned by an angle that
   grows with its position, so a score depends on how far apart two tokens are, not where they
   sit. A cached key stays valid as the window moves, so the KV cache can slide.
+
+What episode 10 (RoPE) changed, in reading order:
+- `GPTConfig.rope` picks the kind; `rope_theta` sets the speeds of the rotary pairs.
+- `rotary()`: cos and sin of every position's angles, one angle per pair of channels.
+- `rotate()`: turns pairs of channels of queries and keys by those angles.
+- `CausalSelfAttention.forward`: one line rotates q and k, before the keys enter the cache.
+- `KVCache.position` keeps counting past the window; `KVCache.slide(keep)` drops the oldest tokens.
+- `RotaryTable` / `GPT.angles`: the angles as a table made once at set-up, sliced per forward.
+- `GPT.forward`: learned positions add their table; rope reads the angles once for all blocks.
+- `GPT.generate`: past the window, rope slides the cache; learned positions re-run the window.
+Reading past the training context (scaled angles, attention sinks, dynamic NTK) is not here: it
+lives in long_context.py (and rope_scaling.py), and enters through `GPT.angles` (a table it
+swaps in) and `GPT.new_cache` (a cache subclass generate then uses).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
-from mvgpt.rope_scaling import RopeScaling, scaled_angles
 
 Angles = tuple[torch.Tensor, torch.Tensor]  # cos, sin: (T, head/2) each
 
@@ -55,21 +67,19 @@ def rotary(
     head_size: int,
     device: torch.device | str | None = None,
     theta: float = 10000.0,
-    scaling: RopeScaling | None = None,
     linear_factor: float = 1.0,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> Angles:
     """Angles for positions start..start+T-1, one per pair of channels, as cos and sin (T, head/2).
 
     Pair i turns by theta^(-2i/head_size) radians per token: the first pairs turn fast (pair 0 by
     one radian a token), the last ones slowly (about 47k tokens a turn for a head of 64), so
-    between them they tell near and far apart. Context extension (rope_scaling.py) changes the
-    positions or the speeds here, in this one place; a model fine-tuned with interpolated
-    positions divides them by its linear_factor always.
+    between them they tell near and far apart. A model fine-tuned with interpolated positions
+    divides them by its linear_factor, always.
     """
     positions = torch.arange(start, start + T, device=device, dtype=torch.float64) / linear_factor
     speeds = theta ** (-torch.arange(0, head_size, 2, device=device, dtype=torch.float64) / head_size)
-    angles, magnitude = scaled_angles(positions, speeds, scaling, theta)  # (T, head/2), in float64
-    return (magnitude * angles.cos()).float(), (magnitude * angles.sin()).float()
+    angles = torch.outer(positions, speeds)  # (T, head/2), in float64: exact far into a story
+    return angles.cos().float(), angles.sin().float()
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -83,119 +93,29 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
 
 
-def rotation_between(old: Angles, new: Angles) -> Angles:
-    """cos, sin of the turn that takes keys rotated by `old` angles to `new` ones: new - old.
+class RotaryTable(nn.Module):
+    """cos, sin for positions 0..size-1, made once, so a decoding step does no trigonometry.
 
-    cos(b - a) = cos b cos a + sin b sin a, sin(b - a) = sin b cos a - cos b sin a, divided by
-    the tables' squared magnitude (1, except under YaRN's temperature).
-    """
-    (cos_a, sin_a), (cos_b, sin_b) = old, new
-    norm = cos_a * cos_a + sin_a * sin_a
-    return (cos_b * cos_a + sin_b * sin_a) / norm, (sin_b * cos_a - cos_b * sin_a) / norm
-
-
-# ----------------------------------------------------------------------------------------------
-# KV cache
-
-
-class KVCache:
-    """Keys and values of the tokens read so far, for every block, preallocated.
-
-    `position` is the next token's place in the story; it keeps counting once `slide` drops old
-    tokens, so it can be larger than `length`, the number of tokens held. Storage is
-    (n_layer, B, H, capacity, head): the tokens held are rows start..start+length-1, so `slide`
-    only moves `start` on; when a new token would not fit at the end, the held rows are copied to
-    the front once (with capacity = 2 windows, that is once per window of tokens, not per token).
-
-    Reading past the training context (rope_scaling.py) adds two things. A cache that shifts
-    re-rotates its keys when tokens are dropped, so the next token's rotary position is
-    `position - shift`. And with dynamic NTK, whose angles change as the story grows, keys are
-    stored unrotated (`rotated` False) and turned by the current angles at every step.
+    Not weights: the buffers are not saved in checkpoints (they follow the model to its device).
+    A sliding cache keeps counting positions, so the table is made again, twice as long, when a
+    story outgrows it. long_context.py subclasses it for scaled angles.
     """
 
-    def __init__(
-        self,
-        config: GPTConfig,
-        batch_size: int = 1,
-        capacity: int | None = None,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype = torch.float32,
-    ) -> None:
-        self.capacity = capacity or 2 * config.block_size
-        shape = (config.n_layer, batch_size, config.n_head, self.capacity, config.head_size)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
-        self.start = 0  # first row held
-        self.length = 0  # rows held
-        self.position = 0  # the next token's place in the story
-        self.shift = 0  # how far the held keys were turned back (a shifting slide)
-        self.rotated = True  # keys are stored rotated (False: dynamic NTK rotates them late)
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.config = config
+        cos, sin = self.table(2 * config.block_size, None)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
 
-    @property
-    def rotary_position(self) -> int:
-        """The rotary position of the next token: its place in the story, less the shift."""
-        return self.position - self.shift
+    def table(self, size: int, device: torch.device | str | None) -> Angles:
+        c = self.config
+        return rotary(0, size, c.head_size, device, c.rope_theta, c.rope_linear_factor)
 
-    def reserve(self, T: int) -> None:
-        """Make room for T more tokens at the end (called once per forward, before the blocks)."""
-        if self.length + T > self.capacity:
-            raise ValueError(
-                f"KV cache holds {self.length} of {self.capacity} tokens and cannot take {T} more: "
-                "slide(keep) first, or make a cache with a larger capacity"
-            )
-        if self.start + self.length + T > self.capacity:  # compact: newest rows to the front
-            held = slice(self.start, self.start + self.length)
-            self.k[:, :, :, : self.length] = self.k[:, :, :, held].clone()
-            self.v[:, :, :, : self.length] = self.v[:, :, :, held].clone()
-            self.start = 0
-
-    # torch.compile: the writes run as they are, between compiled pieces. Traced into a graph, a
-    # write into part of the cache becomes a copy of the whole cache, for every token.
-    @torch.compiler.disable
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store block `layer`'s new keys and values (B, H, T, head); return all held ones."""
-        end = self.start + self.length + k.shape[2]
-        self.k[layer, :, :, self.start + self.length : end] = k
-        self.v[layer, :, :, self.start + self.length : end] = v
-        return self.k[layer, :, :, self.start : end], self.v[layer, :, :, self.start : end]
-
-    def advance(self, T: int) -> None:
-        """After all blocks have stored T tokens: they are held, and the story moves on by T."""
-        self.length += T
-        self.position += T
-
-    def slide(self, keep: int, sinks: int = 0, angles: Angles | None = None) -> None:
-        """Drop all but the newest `keep` tokens, in every block. `position` is unchanged.
-
-        sinks: the first `sinks` tokens held stay too (attention sinks, as in StreamingLLM), with
-        the newest keep - sinks. angles: the model's `GPT.angles`; when given, the keys that move
-        are re-rotated to contiguous positions after the sinks (R(a)R(b) = R(a+b), as llama.cpp's
-        context shift does), so no distance in the cache exceeds what it holds.
-        """
-        if not 0 <= sinks <= keep:
-            raise ValueError(f"slide needs 0 <= sinks <= keep, got keep={keep}, sinks={sinks}")
-        if sinks and angles is None and not self.rotated:  # checked before anything moves
-            raise ValueError("unrotated keys (dynamic NTK) need contiguous positions: slide with angles")
-        drop = self.length - keep
-        if drop <= 0:
-            return
-        if sinks == 0:  # the usual case: move the start on, nothing is copied
-            self.start += drop
-        else:  # the newest tokens move down to follow the sinks
-            src = slice(self.start + sinks + drop, self.start + self.length)
-            dst = slice(self.start + sinks, self.start + keep)
-            self.k[:, :, :, dst] = self.k[:, :, :, src].clone()
-            self.v[:, :, :, dst] = self.v[:, :, :, src].clone()
-        if angles is not None:
-            if self.rotated:  # turn the moved keys back by `drop` positions
-                moved = keep - sinks
-                old_start = self.rotary_position - moved
-                device = self.k.device
-                turn = rotation_between(angles(old_start, moved, device), angles(old_start - drop, moved, device))
-                rows = slice(self.start + sinks, self.start + keep)
-                self.k[:, :, :, rows] = rotate(self.k[:, :, :, rows], *turn)
-            self.shift += drop
-        self.length = keep
+    def forward(self, start: int, T: int) -> Angles:
+        if start + T > self.cos.shape[0]:
+            self.cos, self.sin = self.table(2 * (start + T), self.cos.device)
+        return self.cos[start : start + T], self.sin[start : start + T]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -210,26 +130,17 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(config.n_embd, config.n_embd)
 
     def forward(
-        self,
-        x: torch.Tensor,
-        angles: Angles | None = None,
-        cache: KVCache | None = None,
-        layer: int = 0,
-        key_angles: Angles | None = None,
+        self, x: torch.Tensor, angles: Angles | None = None, cache: KVCache | None = None, layer: int = 0
     ) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.qkv(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
-        if angles is not None:  # rotate before the cache stores the keys; values never turn
-            q = rotate(q, *angles)
-            if key_angles is None:
-                k = rotate(k, *angles)
+        if angles is not None:  # rope: turn before the cache stores the keys; values never turn
+            q, k = rotate(q, *angles), rotate(k, *angles)
         held = 0
         if cache is not None:
             held = cache.length
             k, v = cache.update(layer, k, v)  # (B, H, held + T, head)
-        if key_angles is not None:  # dynamic NTK: every key turned by today's angles
-            k = rotate(k, *key_angles)
         if held == 0:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         elif T == 1:  # one new token sees everything held: no mask needed
@@ -258,28 +169,95 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd)
         self.mlp = MLP(config)
 
-    def forward(self, x, angles=None, cache=None, layer=0, key_angles=None):  # (B, T, C) -> (B, T, C)
-        x = x + self.attn(self.ln_1(x), angles, cache, layer, key_angles)
+    def forward(self, x, angles=None, cache=None, layer=0):  # (B, T, C) -> (B, T, C)
+        x = x + self.attn(self.ln_1(x), angles, cache, layer)
         return x + self.mlp(self.ln_2(x))
+
+
+# ----------------------------------------------------------------------------------------------
+# KV cache
+
+
+class KVCache:
+    """Keys and values of the tokens read so far, for every block, preallocated.
+
+    `position` is the next token's place in the story; it keeps counting once `slide` drops old
+    tokens, so it can be larger than `length`, the number of tokens held. Storage is
+    (n_layer, B, H, capacity, head): the tokens held are rows offset..offset+length-1, so `slide`
+    only moves `offset` on; when a new token would not fit at the end, the held rows are copied to
+    the front once (with capacity = 2 windows, that is once per window of tokens, not per token).
+    """
+
+    def __init__(
+        self,
+        config: GPTConfig,
+        batch_size: int = 1,
+        capacity: int | None = None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        self.capacity = capacity or 2 * config.block_size
+        shape = (config.n_layer, batch_size, config.n_head, self.capacity, config.head_size)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.offset = 0  # first storage row held
+        self.length = 0  # rows held
+        self.position = 0  # the next token's place in the story
+
+    def reserve(self, T: int) -> None:
+        """Make room for T more tokens at the end (called once per forward, before the blocks)."""
+        assert self.length + T <= self.capacity, f"the cache is full ({self.length} of {self.capacity}): slide first"
+        if self.offset + self.length + T > self.capacity:  # compact: newest rows to the front
+            held = slice(self.offset, self.offset + self.length)
+            self.k[:, :, :, : self.length] = self.k[:, :, :, held].clone()
+            self.v[:, :, :, : self.length] = self.v[:, :, :, held].clone()
+            self.offset = 0
+
+    # torch.compile: the writes run as they are, between compiled pieces. Traced into a graph, a
+    # write into part of the cache becomes a copy of the whole cache, for every token.
+    @torch.compiler.disable
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store block `layer`'s new keys and values (B, H, T, head); return all held ones."""
+        end = self.offset + self.length + k.shape[2]
+        self.k[layer, :, :, self.offset + self.length : end] = k
+        self.v[layer, :, :, self.offset + self.length : end] = v
+        return self.k[layer, :, :, self.offset : end], self.v[layer, :, :, self.offset : end]
+
+    def advance(self, T: int) -> None:
+        """After all blocks have stored T tokens: they are held, and the story moves on by T."""
+        self.length += T
+        self.position += T
+
+    def slide(self, keep: int) -> None:
+        """Drop all but the newest `keep` tokens, in every block. `position` is unchanged: the kept
+        keys were rotated at their places in the story, and those places have not moved."""
+        assert keep >= 0, f"slide keeps {keep} tokens: keep at least 0"
+        self.offset += max(0, self.length - keep)
+        self.length = min(self.length, keep)
+
+
+# ----------------------------------------------------------------------------------------------
+# The model
 
 
 class GPT(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.config = config
-        self.context = config.block_size  # tokens read at once (set_context changes it; not saved)
-        self.rope_scaling: RopeScaling | None = None  # how rotary positions fit that context
+        self.context = config.block_size  # tokens generate reads at once (long_context.py may widen it)
+        self.new_cache: Callable[..., KVCache] = KVCache  # the cache generate fills (a hook, as above)
         rng = torch.get_rng_state()  # so both kinds draw the same weights for the parts they share
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.ln_f = nn.LayerNorm(config.n_embd)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # tied embeddings, as GPT-2
-        if not config.rope:  # with rope, attention handles positions: no table
+        if config.rope:  # attention turns queries and keys: a table of angles, not of positions
+            self.angles = RotaryTable(config)
+        else:
             self.wpe = nn.Embedding(config.block_size, config.n_embd)
         torch.set_rng_state(rng)
         self._init_weights()
-        self._angle_table: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def _init_weights(self) -> None:
         """GPT-2's init: N(0, 0.02), residual projections scaled down by depth, biases zero.
@@ -298,44 +276,8 @@ class GPT(nn.Module):
         if not self.config.rope:
             nn.init.normal_(self.wpe.weight, mean=0.0, std=0.02)
 
-    def set_context(self, ctx: int | None = None, method: str = "none", factor: float | None = None) -> None:
-        """Read `ctx` tokens at once (default: the training context, block_size), with rotary
-        positions scaled by `method` (see rope_scaling.py) to fit it. Learned positions cannot
-        read past their table."""
-        cfg = self.config
-        ctx = cfg.block_size if ctx is None else ctx
-        if ctx < 1:
-            raise ValueError(f"a context of {ctx} tokens is below 1: ask for at least one token")
-        if not cfg.rope and (ctx > cfg.block_size or method != "none"):
-            raise ValueError(
-                f"this model has learned positions, whose table stops at {cfg.block_size}: it cannot read "
-                f"{ctx} tokens or scale its positions (use a rope model, or --ctx {cfg.block_size} or less)"
-            )
-        self.context = ctx
-        self.rope_scaling = None if method == "none" else RopeScaling(method, cfg.block_size, ctx, factor)
-        self._angle_table = {}
-
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())  # tied weights counted once
-
-    def angles(self, start: int, T: int, device: torch.device | str | None = None, length: int | None = None) -> Angles:
-        """cos, sin (T, head/2) for positions start..start+T-1, sliced from a table made once.
-
-        The table is recomputed only when the positions outgrow it or the scaling changes, so a
-        decoding step does no trigonometry. Scalings whose angles depend on the length read so far
-        (dynamic NTK; `length`, by default start + T) are computed for the exact span instead.
-        """
-        cfg, scaling = self.config, self.rope_scaling
-        if scaling is not None and scaling.depends_on_length:
-            scaling = scaling.at_length(length if length is not None else start + T)
-            return rotary(start, T, cfg.head_size, device, cfg.rope_theta, scaling, cfg.rope_linear_factor)
-        key = (str(device), scaling)
-        table = self._angle_table.get(key)
-        if table is None or table[0].shape[0] < start + T:
-            size = max(2 * cfg.block_size, 2 * (start + T))
-            table = rotary(0, size, cfg.head_size, device, cfg.rope_theta, scaling, cfg.rope_linear_factor)
-            self._angle_table = {key: table}
-        return table[0][start : start + T], table[1][start : start + T]
 
     def forward(
         self,
@@ -349,31 +291,18 @@ class GPT(nn.Module):
         With a cache, the tokens continue the story at cache.position, and the cache moves on by T.
         """
         B, T = idx.shape
-        start = cache.rotary_position if cache is not None else 0
+        start = cache.position if cache is not None else 0
+        x = self.wte(idx)  # (B, T, C)
+        angles = None
+        if self.config.rope:  # angles once, for all the blocks
+            angles = self.angles(start, T)
+        else:
+            assert start + T <= self.config.block_size, f"positions up to {start + T - 1} are past the learned table"
+            x = x + self.wpe(torch.arange(start, start + T, device=idx.device))
         if cache is not None:
             cache.reserve(T)
-        x = self.wte(idx)  # (B, T, C)
-        angles = key_angles = None
-        if self.config.rope:  # angles once, for all the blocks
-            angles = self.angles(start, T, idx.device)
-            late = self.rope_scaling is not None and self.rope_scaling.depends_on_length
-            if cache is not None and (late or not cache.rotated):
-                if cache.length == 0:
-                    cache.rotated = not late
-                elif cache.rotated == late:
-                    raise ValueError("this cache was filled under another rope scaling: start a new one")
-                if late:  # the held keys are unrotated: turn them all by the current angles
-                    key_angles = self.angles(start - cache.length, cache.length + T, idx.device, length=start + T)
-        else:
-            if start + T > self.config.block_size:
-                raise ValueError(
-                    f"positions {start}..{start + T - 1} are past the learned table of positions "
-                    f"(block_size={self.config.block_size}); read at most {self.config.block_size} "
-                    "tokens, or re-run the last window (generate does)"
-                )
-            x = x + self.wpe(torch.arange(start, start + T, device=idx.device))
         for layer, block in enumerate(self.blocks):
-            x = block(x, angles, cache, layer, key_angles)
+            x = block(x, angles, cache, layer)
         if cache is not None:
             cache.advance(T)
         if last_only:
@@ -409,7 +338,7 @@ class GPT(nn.Module):
             generator = torch.Generator(device=idx.device).manual_seed(seed)
         cache = None
         if use_cache:
-            cache = KVCache(self.config, idx.shape[0], 2 * window, idx.device, self.wte.weight.dtype)
+            cache = self.new_cache(self.config, idx.shape[0], 2 * window, idx.device, self.wte.weight.dtype)
             logits, _ = self(idx[:, -window:], cache=cache, last_only=True)
         for _ in range(max_new_tokens):
             if cache is None:

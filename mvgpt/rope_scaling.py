@@ -19,23 +19,24 @@ With s = N / train_ctx and d = head size:
   and interpolated by s (slow pairs), over a ramp between beta_fast and beta_slow turns; queries
   and keys are each scaled by 0.1 ln(s) + 1, so attention logits by its square.
 
-Only `rotary()` in model.py calls this: the angles come from one place.
+`scaled_rotary` is model.py's `rotary` with a method applied; long_context.py folds it into the
+table of angles the model reads, so the model never knows which method is in use.
 """
 
 from __future__ import annotations
 
-import argparse
 import math
 from dataclasses import dataclass, replace
 
 import torch
 
-METHODS = ("none", "linear", "linear-when-needed", "pr-nonlinear", "ntk", "dynamic-ntk", "yarn")
+SCALING_METHODS = ("none", "linear", "linear-when-needed", "pr-nonlinear", "ntk", "dynamic-ntk", "yarn")
+METHODS = SCALING_METHODS  # the old name, until pretrain.py and main.py import SCALING_METHODS
 
 
 @dataclass(frozen=True)
 class RopeScaling:
-    method: str  # one of METHODS
+    method: str  # one of SCALING_METHODS
     train_ctx: int  # the context the model was trained at (GPTConfig.block_size)
     ctx: int  # the context asked for, N
     factor: float | None = None  # linear: s (default N / train_ctx); dynamic-ntk: f (default 1)
@@ -44,10 +45,10 @@ class RopeScaling:
     length: int | None = None  # dynamic-ntk: the length read so far (set per forward)
 
     def __post_init__(self) -> None:
-        if self.method not in METHODS:
-            raise ValueError(f"unknown rope scaling {self.method!r}: choose one of {', '.join(METHODS)}")
+        if self.method not in SCALING_METHODS:
+            raise ValueError(f"unknown rope scaling {self.method!r}: choose one of {', '.join(SCALING_METHODS)}")
         if self.ctx < 1:
-            raise ValueError(f"context must be at least 1 token, got {self.ctx}")
+            raise ValueError(f"a context of {self.ctx} tokens is below 1: ask for at least one token")
         if self.factor is not None and self.factor <= 0:
             raise ValueError(f"rope scaling factor must be positive, got {self.factor}")
 
@@ -68,6 +69,25 @@ class RopeScaling:
 
     def at_length(self, length: int) -> RopeScaling:
         return replace(self, length=length)
+
+
+def scaled_rotary(
+    start: int,
+    T: int,
+    head_size: int,
+    device: torch.device | str | None,
+    theta: float,
+    linear_factor: float,
+    scaling: RopeScaling | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """model.rotary's cos, sin (T, head/2) for positions start..start+T-1, with `scaling` applied.
+
+    Under yarn they are scaled by its magnitude (see `scaled_angles`), so they are not unit length.
+    """
+    positions = torch.arange(start, start + T, device=device, dtype=torch.float64) / linear_factor
+    speeds = theta ** (-torch.arange(0, head_size, 2, device=device, dtype=torch.float64) / head_size)
+    angles, magnitude = scaled_angles(positions, speeds, scaling, theta)  # (T, head/2), in float64
+    return (magnitude * angles.cos()).float(), (magnitude * angles.sin()).float()
 
 
 def scaled_angles(
@@ -126,20 +146,3 @@ def yarn_speeds(speeds: torch.Tensor, theta: float, scaling: RopeScaling) -> tor
 def yarn_magnitude(s: float) -> float:
     """YaRN's temperature: queries and keys each scaled by 0.1 ln(s) + 1."""
     return 0.1 * math.log(s) + 1.0 if s > 1 else 1.0
-
-
-def add_context_args(parser: argparse.ArgumentParser) -> None:
-    """--ctx and --rope-scaling (+ --rope-factor), for every script that reads a model."""
-    parser.add_argument("--ctx", type=int, help="the context to read, in tokens (default: the training context)")
-    parser.add_argument("--rope-scaling", default="none", choices=METHODS,
-                        help="how rotary positions are scaled to fit --ctx (default: none)")
-    parser.add_argument("--rope-factor", type=float,
-                        help="linear: the factor s (default ctx / training context); dynamic-ntk: f (default 1)")
-
-
-def apply_context_args(model, args: argparse.Namespace) -> None:
-    """model.set_context from the flags, with a one-line error for a context it cannot read."""
-    try:
-        model.set_context(args.ctx, args.rope_scaling, args.rope_factor)
-    except ValueError as e:
-        raise SystemExit(f"error: {e}") from None

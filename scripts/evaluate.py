@@ -26,11 +26,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mvgpt.bench import machine  # noqa: E402
 from mvgpt.checkpoint import load_model  # noqa: E402
+from mvgpt.cli import add_context_args, apply_context_args  # noqa: E402
 from mvgpt.data import DATA_DIR, data_tokenizer_hash, load_tokens  # noqa: E402
 from mvgpt.device import pick_device  # noqa: E402
 from mvgpt.io import write_json  # noqa: E402
 from mvgpt.model import GPT  # noqa: E402
-from mvgpt.rope_scaling import add_context_args, apply_context_args  # noqa: E402
 
 
 @torch.no_grad()

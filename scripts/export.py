@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from mvgpt.checkpoint import checkpoint_path, load_model  # noqa: E402
 from mvgpt.data import DATA_DIR, data_tokenizer_hash  # noqa: E402
 from mvgpt.export import export  # noqa: E402
-from mvgpt.rope_scaling import METHODS, RopeScaling  # noqa: E402
+from mvgpt.rope_scaling import SCALING_METHODS, RopeScaling  # noqa: E402
 from mvgpt.tokenizer import Tokenizer  # noqa: E402
 
 
@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> Path:
     p.add_argument("--data-dir", default=str(DATA_DIR), help="where the tokenizer is")
     p.add_argument("--ctx", type=int, help="context to read at, with --rope-scaling (default: the training one)")
     # all of mvGPT's methods are accepted here, so the ones without an equivalent get a reason, not a usage line
-    p.add_argument("--rope-scaling", choices=METHODS, help="context extension to carry into the export")
+    p.add_argument("--rope-scaling", choices=SCALING_METHODS, help="context extension to carry into the export")
     p.add_argument("--rope-factor", type=float,
                    help="linear: s (default: ctx / training ctx); dynamic-ntk: f (default 1)")
     args = p.parse_args(argv)

@@ -20,9 +20,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mvgpt.checkpoint import load_model  # noqa: E402
+from mvgpt.cli import add_context_args, apply_context_args  # noqa: E402
 from mvgpt.data import DATA_DIR, data_tokenizer_hash  # noqa: E402
 from mvgpt.device import pick_device  # noqa: E402
-from mvgpt.rope_scaling import add_context_args, apply_context_args  # noqa: E402
 from mvgpt.tokenizer import Tokenizer  # noqa: E402
 
 

@@ -124,7 +124,7 @@ def compiled_decoding_gives_the_eager_logits() -> None:
             m(stream[:, :5], cache=cache)  # a prompt
         starts = []
         for t in range(5, 60):
-            starts.append(caches[1].start)
+            starts.append(caches[1].offset)
             logits = []
             for m, cache in zip((model, fast), caches, strict=True):
                 if cache.length == 16:

@@ -1,5 +1,4 @@
 import json
-import math
 
 import context
 import pytest
@@ -64,35 +63,24 @@ def test_context_script_table_and_json(data_dir, tmp_path, capsys):
         context.main([str(tmp_path / "pretrain-rope"), "--length", "16", "--data-dir", str(data_dir)])
 
 
-def test_sweep_sinks_and_dynamic_modes(data_dir, tmp_path):
-    h = data_tokenizer_hash(data_dir)
-    save_checkpoint(tmp_path / "pretrain", tiny_model(vocab_size=300), tokenizer_hash=h)
-    save_checkpoint(tmp_path / "pretrain-rope", tiny_model(vocab_size=300, rope=True), tokenizer_hash=h)
-    paths = [str(tmp_path / "pretrain"), str(tmp_path / "pretrain-rope")]
-    common = ["--device", "cpu", "--data-dir", str(data_dir)]
-    out = context.main([*paths, *common, "--ctx", "8", "16", "32", "--rope-scaling", "none", "linear", "yarn",
-                        "--sweep-tokens", "64", "--no-memory"])
-    cells = {(r["model"], r["ctx"], r["method"]): r for r in out["rows"]}
-    assert ("pretrain", 32, "none") not in cells and ("pretrain", 16, "linear") not in cells
-    assert cells[("pretrain-rope", 16, "yarn")]["loss"] == cells[("pretrain-rope", 16, "none")]["loss"]
-    assert cells[("pretrain-rope", 16, "linear")]["loss"] != cells[("pretrain-rope", 16, "none")]["loss"]
-    assert cells[("pretrain-rope", 32, "none")]["tokens"] == 2 * 15  # two chunks, second halves scored
-    for r in out["rows"]:
-        assert math.isclose(r["perplexity"], math.exp(r["loss"]))
-    sinks = context.main([paths[1], *common, "--sinks", "2", "--streams", "1"])
-    assert [r["method"] for r in sinks["rows"]] == ["sliding cache", "2 sinks, unshifted", "2 sinks, shifted",
-                                                   "sliding window"]
-    assert all(len(r["position_losses"]) == 3 * 16 for r in sinks["rows"])  # four windows by default
-    dynamic = context.main([paths[1], *common, "--dynamic", "--length", "32", "--streams", "1"])
-    assert [r["method"] for r in dynamic["rows"]] == ["dynamic-ntk, cached", "dynamic-ntk, recomputed", "none, cached"]
-    with pytest.raises(SystemExit, match="below 1"):
-        context.main([paths[1], *common, "--ctx", "0"])
+def test_cache_losses_without_sliding_equal_the_full_forward_with_one_block():
+    """cache_losses(slide=False) keeps every token: one token at a time, it reads what a single
+    forward over the stream reads (exactly, with one block)."""
+    model = tiny_model(rope=True, n_layer=1)
+    s = stream(40, seed=4)
+    torch.testing.assert_close(context.cache_losses(model, s, slide=False), context.full_losses(model, s),
+                               atol=1e-5, rtol=0)
+    assert not torch.allclose(context.cache_losses(model, s), context.full_losses(model, s), atol=1e-4)
 
 
-def test_memory_is_computed_and_measured():
-    model = tiny_model(vocab_size=300, rope=True)
-    assert context.kv_bytes_per_token(model) == 2 * 2 * 32 * 4  # keys and values, 2 blocks, 32 channels, fp32
-    small, large = context.measure_memory(model, [16, 16384])
-    assert large["kv_bytes"] == 16384 * 2 * 2 * 32 * 4
-    logits = 16384 * 300 * 4
-    assert large["peak_bytes"] >= large["kv_bytes"] + logits > small["peak_bytes"]  # cache and logits are in it
+@pytest.mark.parametrize("flags, message", [
+    (["--streams", "0"], "--streams: 0 is below 1"),
+    (["--length", "1"], "--length: 1 is below 2"),
+    (["--length", "many"], "--length: 'many' is not a whole number"),
+])
+def test_bad_flags_are_one_line_errors(tmp_path, capsys, flags, message):
+    with pytest.raises(SystemExit) as exit_:
+        context.main([str(tmp_path / "missing"), *flags])
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+

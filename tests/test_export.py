@@ -21,6 +21,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from mvgpt.checkpoint import save_checkpoint  # noqa: E402
 from mvgpt.export import export, per_head_qkv, save_tokenizer  # noqa: E402
+from mvgpt.long_context import set_context  # noqa: E402
 from mvgpt.model import GPT  # noqa: E402
 from mvgpt.rope_scaling import RopeScaling  # noqa: E402
 from mvgpt.tokenizer import Tokenizer, train_tokenizer  # noqa: E402
@@ -135,14 +136,14 @@ def check_scaled(tokenizer, tmp_path, model: GPT, lengths: list[int], method: st
 @pytest.mark.parametrize("factor", [None, 2.5])
 def test_linear_scaling_equal_past_the_training_context(tokenizer, tmp_path, factor):
     model = model_for(tokenizer, True, seed=2)
-    model.rope_scaling = RopeScaling("linear", train_ctx=16, ctx=64, factor=factor)
+    set_context(model, 64, "linear", factor)  # train_ctx 16
     rope = check_scaled(tokenizer, tmp_path, model, [64, 40, 8], "linear")
     assert rope["rope_type"] == "linear" and rope["factor"] == (factor or 4.0)
 
 
 def test_yarn_equal_past_the_training_context(tokenizer, tmp_path):
     model = model_for(tokenizer, True, seed=3, n_embd=64)  # head 32: ramp bounds fall inside the pairs
-    model.rope_scaling = RopeScaling("yarn", train_ctx=16, ctx=64)
+    set_context(model, 64, "yarn")
     # mvGPT's yarn is on for every length once ctx > train_ctx, as transformers' always is
     rope = check_scaled(tokenizer, tmp_path, model, [64, 50, 8], "yarn")
     assert rope == {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "beta_fast": 32.0,
@@ -152,7 +153,7 @@ def test_yarn_equal_past_the_training_context(tokenizer, tmp_path):
 @pytest.mark.parametrize("factor", [None, 2.0])
 def test_dynamic_ntk_equal_in_a_full_forward(tokenizer, tmp_path, factor):
     model = model_for(tokenizer, True, seed=4)
-    model.rope_scaling = RopeScaling("dynamic-ntk", train_ctx=16, ctx=64, factor=factor)
+    set_context(model, 64, "dynamic-ntk", factor)
     # transformers' dynamic keeps the longest length it has seen, so lengths go up (see docs/export.md)
     rope = check_scaled(tokenizer, tmp_path, model, [8, 16, 40, 64], "dynamic-ntk")
     assert rope["rope_type"] == "dynamic" and rope["factor"] == (factor or 1.0)
@@ -161,7 +162,7 @@ def test_dynamic_ntk_equal_in_a_full_forward(tokenizer, tmp_path, factor):
 def test_linear_fine_tuned_model_exports_its_factor(tokenizer, tmp_path):
     model = model_for(tokenizer, True, seed=5, block_size=32, rope_linear_factor=2.0)
     assert check_scaled(tokenizer, tmp_path / "a", model, [32, 12], "fine-tuned")["factor"] == 2.0
-    model.rope_scaling = RopeScaling("linear", train_ctx=32, ctx=96)  # and read 3x further on top
+    set_context(model, 96, "linear")  # and read 3x further on top
     assert check_scaled(tokenizer, tmp_path / "b", model, [96], "fine-tuned + linear")["factor"] == 6.0
 
 

@@ -31,6 +31,7 @@ def test_rope_has_no_table_of_positions_and_the_same_weight_names():
     assert learned.num_params() - rope.num_params() == cfg.block_size * cfg.n_embd
     assert set(learned.state_dict()) - set(rope.state_dict()) == {"wpe.weight"}
     assert set(rope.state_dict()) <= set(learned.state_dict())  # rotary tables are not weights
+    assert {name for name, _ in rope.named_buffers()} == {"angles.cos", "angles.sin"}  # ...but follow .to()
     for name, value in rope.state_dict().items():  # same seed: the shared parts start the same
         assert value.equal(learned.state_dict()[name]), name
 
@@ -90,7 +91,7 @@ def test_cache_position_keeps_counting_after_slide():
     assert (cache.length, cache.position) == (5, 11)
     cache.slide(0)
     assert (cache.length, cache.position) == (0, 11)
-    with pytest.raises(ValueError, match="slide"):
+    with pytest.raises(AssertionError, match="slide"):
         model(torch.zeros(2, cache.capacity + 1, dtype=torch.long), cache=cache)
 
 
@@ -162,7 +163,7 @@ def test_prompt_longer_than_the_window():
 
 def test_learned_positions_past_the_table_is_a_clear_error():
     model = tiny_model()
-    with pytest.raises(ValueError, match="past the learned table of positions"):
+    with pytest.raises(AssertionError, match="past the learned table"):
         model(torch.zeros(1, 17, dtype=torch.long))
 
 
@@ -187,4 +188,26 @@ def test_cache_compacts_its_storage_and_stays_exact():
     start = cache.position - 16
     reference, _ = model(stream[:, start:], last_only=True)  # one block: the window, re-run
     torch.testing.assert_close(logits, reference, atol=1e-5, rtol=0)
-    assert cache.start + cache.length <= cache.capacity
+    assert cache.offset + cache.length <= cache.capacity
+
+
+def test_the_angle_table_is_rotary_and_grows_with_the_story():
+    model = tiny_model(rope=True)
+    assert model.angles.cos.shape == (2 * 16, 8)  # made at set-up: two windows, head/2 pairs
+    cos, sin = model.angles(5, 3)
+    assert cos.equal(rotary(5, 3, 16)[0]) and sin.equal(rotary(5, 3, 16)[1])
+    cos, _ = model.angles(100, 4)  # a sliding cache keeps counting: the table is made again, longer
+    assert model.angles.cos.shape[0] == 2 * 104 and cos.equal(rotary(100, 4, 16)[0])
+    fine_tuned = tiny_model(rope=True, rope_linear_factor=2.0)  # positions divided by the factor
+    assert fine_tuned.angles(0, 8)[0][::2].equal(model.angles(0, 4)[0])
+
+
+def test_slide_keeps_the_newest_rows_and_moves_nothing():
+    model = tiny_model(rope=True)
+    cache = KVCache(model.config, 1)
+    model(torch.zeros(1, 10, dtype=torch.long), cache=cache)
+    k = cache.k.clone()
+    cache.slide(4)
+    assert (cache.offset, cache.length) == (6, 4) and cache.k.equal(k)
+    cache.slide(8)  # keeping more than is held drops nothing
+    assert (cache.offset, cache.length, cache.position) == (6, 4, 10)

@@ -1,0 +1,58 @@
+"""Command-line glue shared by the scripts: flags and their checks, with one-line errors.
+
+A check here runs at parse time, so bad input stops with `error: ...` (exit 2) before anything
+is loaded; the library underneath may then assume its arguments are sane.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+from mvgpt.long_context import set_context
+from mvgpt.rope_scaling import SCALING_METHODS
+
+
+def at_least(low: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= low (`error: argument --x: ...` otherwise)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} is below {low}: give {low} or more")
+        return value
+
+    parse.__name__ = f"integer >= {low}"
+    return parse
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{value:g} is not positive: give a number above 0")
+    return value
+
+
+def add_context_args(parser: argparse.ArgumentParser) -> None:
+    """--ctx and --rope-scaling (+ --rope-factor), for every script that reads a model."""
+    parser.add_argument("--ctx", type=at_least(1),
+                        help="the context to read, in tokens (default: the training context)")
+    parser.add_argument("--rope-scaling", default="none", choices=SCALING_METHODS,
+                        help="how rotary positions are scaled to fit --ctx (default: none)")
+    parser.add_argument("--rope-factor", type=positive_float,
+                        help="linear: the factor s (default ctx / training context); dynamic-ntk: f (default 1)")
+
+
+def apply_context_args(model, args: argparse.Namespace) -> None:
+    """long_context.set_context from the flags, with a one-line error for a context it cannot read."""
+    try:
+        set_context(model, args.ctx, args.rope_scaling, args.rope_factor)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
