@@ -190,13 +190,20 @@ def prepare_instruct(data_dir: str | os.PathLike = DATA_DIR, seed: int = WORDS_S
     return meta
 
 
-def load_instruct(data_dir: str | os.PathLike, split: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(tokens, mask, starts) of a split, memory-mapped; starts are the <eot> each example opens with."""
+def load_instruct(
+    data_dir: str | os.PathLike, split: str, block_size: int | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(tokens, mask, starts) of a split, memory-mapped; starts are the <eot> each example opens
+    with. With block_size, only the examples whose prompt leaves a story token in the window."""
     tokens_path, mask_path = instruct_files(Path(data_dir), split)
     tokens = np.memmap(tokens_path, dtype=np.uint16, mode="r")
     mask = np.memmap(mask_path, dtype=np.uint8, mode="r")
     eot = int(tokens[0])
     starts = np.flatnonzero(np.asarray(tokens[:-1]) == eot)
+    if block_size is not None:  # the first target of the example at s is token s + len(prompt) + 1
+        targets = np.flatnonzero(mask)
+        first = targets[np.searchsorted(targets, starts, side="right")]
+        starts = starts[first - starts <= block_size]
     return tokens, mask, starts
 
 

@@ -149,15 +149,16 @@ def held_out_story_loss(model: GPT, rows: tuple[torch.Tensor, torch.Tensor], dev
 
 
 @torch.no_grad()
-def write_story(model: GPT, tokenizer: Tokenizer, prompt: str, args: argparse.Namespace, seed: int, device) -> str:
-    """The model's story for a prompt (after <eot>, as an example starts), up to its <eot>."""
+def write_story(model: GPT, tokenizer: Tokenizer, prompt: str, args: argparse.Namespace, seed: int,
+                device) -> list[int]:
+    """The model's story for a prompt (after <eot>, as an example starts), its tokens up to <eot>."""
     idx = torch.tensor([[tokenizer.eot, *tokenizer.encode(prompt)]], device=device)
     out = []
     for token in model.generate(idx, args.gen_tokens, args.temperature, args.top_k, seed):
         if token.item() == tokenizer.eot:
             break
         out.append(token.item())
-    return tokenizer.decode(out)
+    return out
 
 
 def measure(models: dict[str, GPT], args: argparse.Namespace, device, rows) -> dict:
@@ -173,10 +174,11 @@ def measure(models: dict[str, GPT], args: argparse.Namespace, device, rows) -> d
         model.eval()
         used, quotes, unasked, lengths = [], [], [], []
         for i, e in enumerate(tqdm(examples, desc=f"measure {name}", leave=False, disable=None)):
-            story = write_story(model, tokenizer, e.prompt, args, args.seed + i, device)
+            ids = write_story(model, tokenizer, e.prompt, args, args.seed + i, device)
+            story = tokenizer.decode(ids)
             used += words_used(story, e.words)
             (quotes if e.dialogue else unasked).append(has_dialogue(story))
-            lengths.append(len(tokenizer.encode(story)))
+            lengths.append(len(ids))
             if i == 0:
                 sample[name] = story
         results.append({
@@ -226,9 +228,13 @@ def train(model: GPT, args: argparse.Namespace, device, tok_hash: str | None, ou
     """Fine-tune an adapter on the base `model` (wrapped in place): batches of examples, loss on
     the story tokens, the base frozen."""
     base_hash = weights_hash(model)
-    train_data = load_instruct(args.data_dir, "train")
-    val = load_instruct(args.data_dir, "val")
-    rows = example_rows(*val[:2], val[2][: args.eval_examples], model.config.block_size)
+    T = model.config.block_size
+    train_data = load_instruct(args.data_dir, "train", T)
+    val = load_instruct(args.data_dir, "val", T)
+    if not len(train_data[2]) or not len(val[2]):
+        raise SystemExit(f"error: no prompt in {args.data_dir} leaves room for its story in a window of {T} tokens: "
+                         "fine-tune a model with a longer context")
+    rows = example_rows(*val[:2], val[2][: args.eval_examples], T)
     log_path = out_dir / "log.jsonl"
 
     step, elapsed, losses = 0, 0.0, []
@@ -286,7 +292,7 @@ def train(model: GPT, args: argparse.Namespace, device, tok_hash: str | None, ou
             lr = lr_at(step, args)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            x, y = instruct_batch(*train_data, args.batch_size, model.config.block_size, args.seed, step)
+            x, y = instruct_batch(*train_data, args.batch_size, T, args.seed, step)
             with autocast:
                 loss = story_loss(model, x.to(device), y.to(device))
             if not math.isfinite(loss.item()):
@@ -372,7 +378,7 @@ def main(argv: list[str] | None = None) -> dict:
                "train_examples": meta["train"]["examples"], "val_examples": meta["val"]["examples"],
                **file_sizes(out_dir, args, model), "machine": machine(device)}
     if args.prompts:
-        val = load_instruct(args.data_dir, "val")
+        val = load_instruct(args.data_dir, "val", model.config.block_size)
         rows = example_rows(*val[:2], val[2][: args.eval_examples], model.config.block_size)
         summary["measure"] = measure({"base": base, out_dir.name: model}, args, device, rows)
     if args.json:

@@ -131,6 +131,10 @@ def test_rows_start_at_a_prompt_and_score_only_its_story(instruct_data):
     # the last example runs into the end of the stream: padded with <eot>, unscored
     left = len(tokens) - starts[-1]
     assert left < T and (x[-1, left:] == tokenizer.eot).all() and (y[-1, left - 1 :] == IGNORE).all()
+    for T in (24, 26, 41):  # a window too short for some prompts: those examples are left out
+        kept = load_instruct(instruct_data, "val", block_size=T)[2]
+        scored = (example_rows(tokens, mask, starts, T)[1] != IGNORE).any(dim=1).numpy()
+        assert np.array_equal(kept, starts[scored]) and 0 < len(kept) < len(starts)
     a = instruct_batch(tokens, mask, starts, 4, T, seed=3, step=5)
     b = instruct_batch(tokens, mask, starts, 4, T, seed=3, step=5)
     c = instruct_batch(tokens, mask, starts, 4, T, seed=3, step=6)
