@@ -206,8 +206,9 @@ def file_sizes(out_dir: Path, args: argparse.Namespace, model: GPT) -> dict:
     adapter_bytes = adapter_path(out_dir).stat().st_size
     base_bytes = checkpoint_path(args.init_from).stat().st_size
     trainable, total = trainable_share(model)
+    weight_bytes = sum(p.numel() * p.element_size() for p in lora_parameters(model))
     return {"trainable": trainable, "params": total, "trainable_share": trainable / total,
-            "adapter_bytes": adapter_bytes, "checkpoint_bytes": base_bytes,
+            "adapter_bytes": adapter_bytes, "adapter_weight_bytes": weight_bytes, "checkpoint_bytes": base_bytes,
             "adapter_share_of_checkpoint": adapter_bytes / base_bytes}
 
 

@@ -63,6 +63,7 @@ def test_finetune_end_to_end(world):
     assert summary["trainable"] == 8 * ((32 + 96) + (32 + 32) + (32 + 128) + (128 + 32))
     assert summary["trainable_share"] == summary["trainable"] / summary["params"]
     assert summary["adapter_bytes"] == (root / "lora-rope" / "adapter.pt").stat().st_size
+    assert summary["adapter_weight_bytes"] == 4 * summary["trainable"] < summary["adapter_bytes"]
     assert summary["adapter_bytes"] < summary["checkpoint_bytes"]
     log = [json.loads(line) for line in (root / "lora-rope" / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == [1, 2, 3, 4] and [r["val_loss"] for r in log if "val_loss" in r]
