@@ -7,6 +7,8 @@ Examples:
     python scripts/sample.py checkpoints/pretrain-rope --prompt "Once upon a time" --max-new-tokens 600
     python scripts/sample.py checkpoints/pretrain --prompt "Lily saw a cat." --temperature 0
     python scripts/sample.py /tmp/tiny --data-dir /tmp/tinydata --device cpu --max-new-tokens 20
+    python scripts/sample.py checkpoints/pretrain-rope --adapter checkpoints/lora-rope \\
+        --prompt $'Words: kite, windy, string\\nFeatures: Dialogue\\nStory:\\n'   # LoRA, unmerged
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from mvgpt.checkpoint import load_model  # noqa: E402
 from mvgpt.cli import add_context_args, apply_context_args  # noqa: E402
 from mvgpt.data import DATA_DIR, data_tokenizer_hash  # noqa: E402
 from mvgpt.device import pick_device  # noqa: E402
+from mvgpt.lora import load_adapter  # noqa: E402
 from mvgpt.tokenizer import Tokenizer  # noqa: E402
 
 
@@ -37,6 +40,7 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--no-cache", action="store_true", help="re-read the last window for every token")
     p.add_argument("--data-dir", default=str(DATA_DIR), help="where the tokenizer is")
     p.add_argument("--device", help="cpu, cuda, mps (default: the best present)")
+    p.add_argument("--adapter", help="a LoRA run folder or adapter file for this checkpoint, applied unmerged")
     add_context_args(p)
     args = p.parse_args(argv)
     if args.max_new_tokens < 0:
@@ -44,7 +48,10 @@ def main(argv: list[str] | None = None) -> str:
 
     device = pick_device(args.device)
     tokenizer = Tokenizer.load(Path(args.data_dir) / "tokenizer.json")
-    model, _ = load_model(args.checkpoint, device, data_tokenizer_hash(args.data_dir) or tokenizer.hash)
+    tok_hash = data_tokenizer_hash(args.data_dir) or tokenizer.hash
+    model, _ = load_model(args.checkpoint, device, tok_hash)
+    if args.adapter:
+        load_adapter(model, args.adapter, tok_hash)
     apply_context_args(model, args)  # --ctx: the window generate reads and slides
     ids = tokenizer.encode(args.prompt) or [tokenizer.eot]
     idx = torch.tensor([ids], device=device)

@@ -1,0 +1,391 @@
+"""Instruction fine-tuning with LoRA: the pretrained weights stay frozen, each linear layer of the
+blocks learns a low-rank update (about 2% of the weights), saved as a file of its own.
+
+The instructions are made from our own TinyStories (mvgpt/instruct.py): `Words:` three words a
+story uses, `Features: Dialogue` when it has quoted speech, then `Story:` and the story; the loss
+is on the story's tokens only. The run folder (checkpoints/lora-rope for a rope base, lora for
+learned positions) holds the adapter (adapter.pt: A and B, the optimizer, the step, and the base's
+config, tokenizer hash and weights hash) and the log. After training, the base and the fine-tuned
+model are measured on held-out prompts: the share of requested words their stories use, the share
+of Dialogue prompts answered with quoted speech, and the held-out loss on story tokens.
+
+Examples:
+    python scripts/finetune.py --init-from checkpoints/pretrain-rope --minutes 3 --json results/lora.json
+    python scripts/finetune.py --init-from checkpoints/pretrain-rope --resume        # continue a stopped run
+    python scripts/finetune.py --init-from checkpoints/pretrain-rope --measure       # measure the saved adapter
+    python scripts/finetune.py --init-from checkpoints/pretrain-rope --merge checkpoints/lora-rope-merged
+    python scripts/sample.py checkpoints/pretrain-rope --adapter checkpoints/lora-rope \\
+        --prompt $'Words: kite, windy, string\\nFeatures: Dialogue\\nStory:\\n'
+    python scripts/finetune.py --init-from /tmp/tiny --data-dir /tmp/tinydata --out-dir /tmp/tiny-lora \\
+        --max-steps 10 --batch-size 4 --prompts 4 --gen-tokens 20 --device cpu     # a tiny CPU run, seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import os
+import signal
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+
+from mvgpt.bench import machine
+from mvgpt.checkpoint import checkpoint_path, load_model, save_checkpoint
+from mvgpt.data import DATA_DIR, data_tokenizer_hash
+from mvgpt.device import pick_device
+from mvgpt.instruct import (
+    IGNORE,
+    example_rows,
+    has_dialogue,
+    held_out_examples,
+    instruct_batch,
+    load_instruct,
+    prepare_instruct,
+    story_loss,
+    words_used,
+)
+from mvgpt.io import write_json
+from mvgpt.lora import (
+    DEFAULT_ALPHA,
+    DEFAULT_RANK,
+    adapter_path,
+    apply_lora,
+    load_adapter,
+    lora_parameters,
+    merge,
+    read_adapter,
+    save_adapter,
+    trainable_share,
+    weights_hash,
+)
+from mvgpt.model import GPT
+from mvgpt.tokenizer import Tokenizer
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--init-from", default="checkpoints/pretrain-rope", help="the base: a run folder or checkpoint")
+    p.add_argument("--data-dir", default=str(DATA_DIR))
+    p.add_argument("--out-dir", help="run folder (default: checkpoints/lora-rope, or lora for learned positions)")
+    p.add_argument("--runs-dir", default="runs", help="TensorBoard logs, one folder per run")
+    p.add_argument("--rank", type=int, help=f"rank r of each update (default {DEFAULT_RANK}: about 2%% of 6 x 384)")
+    p.add_argument("--alpha", type=float, help=f"the update is scaled by alpha / r (default {DEFAULT_ALPHA:g})")
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--warmup", type=int, default=10, help="warm-up steps")
+    p.add_argument("--grad-clip", type=float, default=1.0)
+    p.add_argument("--batch-size", type=int, default=8, help="examples (prompt + story) per step")
+    p.add_argument("--max-steps", type=int, default=150, help="the schedule's length, and a stop")
+    p.add_argument("--minutes", type=float, default=0.0, help="time budget for training (0: none)")
+    p.add_argument("--eval-every", type=int, default=25)
+    p.add_argument("--eval-examples", type=int, default=64, help="held-out examples for the story loss")
+    p.add_argument("--ckpt-every", type=int, default=25)
+    p.add_argument("--seed", type=int, default=1337, help="A's draw, the batches and the measured stories")
+    p.add_argument("--device", help="cpu, cuda, mps (default: the best present)")
+    p.add_argument("--resume", action="store_true", help="continue the run folder's adapter")
+    p.add_argument("--prompts", type=int, default=24, help="held-out prompts measured after training (0: none)")
+    p.add_argument("--gen-tokens", type=int, default=160, help="at most this many tokens per measured story")
+    p.add_argument("--temperature", type=float, default=0.8, help="of the measured stories")
+    p.add_argument("--top-k", type=int, default=50)
+    p.add_argument("--measure", action="store_true", help="only measure the run folder's adapter, no training")
+    p.add_argument("--merge", metavar="OUT", help="only write base + the run folder's adapter, merged, to OUT")
+    p.add_argument("--json", help="write the summary (losses, share, sizes, measurements) here")
+    p.add_argument("--kill-at-step", type=int, help=argparse.SUPPRESS)  # tests: SIGKILL self after it
+    args = p.parse_args(argv)
+    checks = [
+        (args.rank is None or args.rank >= 1, "--rank must be at least 1"),
+        (args.alpha is None or args.alpha > 0, "--alpha must be positive"),
+        (args.lr > 0 and math.isfinite(args.lr), "--lr must be a positive number"),
+        (args.warmup >= 0, "--warmup must be >= 0"),
+        (args.batch_size >= 1, "--batch-size must be at least 1"),
+        (args.max_steps >= 1, "--max-steps must be at least 1"),
+        (args.minutes >= 0, "--minutes must be >= 0 (0: no time limit)"),
+        (args.eval_every >= 1 and args.ckpt_every >= 1, "--eval-every and --ckpt-every must be at least 1"),
+        (args.eval_examples >= 1, "--eval-examples must be at least 1"),
+        (args.prompts >= 0, "--prompts must be >= 0 (0: no measurement)"),
+        (args.gen_tokens >= 1, "--gen-tokens must be at least 1"),
+        (args.temperature >= 0, "--temperature must be >= 0 (0 is greedy)"),
+        (args.top_k >= 1, "--top-k must be at least 1"),
+        (not (args.measure and args.merge), "--measure and --merge are separate steps: run one, then the other"),
+        (not (args.resume and (args.measure or args.merge)), "--resume trains: drop it with --measure or --merge"),
+        (not (args.measure and args.prompts == 0), "--measure needs --prompts of at least 1"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise SystemExit(f"error: {message}")
+    return args
+
+
+def run_name(model: GPT) -> str:
+    return "lora-rope" if model.config.rope else "lora"
+
+
+def lr_at(step: int, args: argparse.Namespace) -> float:
+    """Linear warm-up, then cosine decay to a tenth of --lr at --max-steps."""
+    if step < args.warmup:
+        return args.lr * (step + 1) / args.warmup
+    progress = min(1.0, (step - args.warmup) / max(1, args.max_steps - args.warmup))
+    return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+@torch.no_grad()
+def held_out_story_loss(model: GPT, rows: tuple[torch.Tensor, torch.Tensor], device, batch_size: int = 16) -> float:
+    """Mean loss over the story tokens of the held-out rows (each an example from its prompt)."""
+    was_training = model.training
+    model.eval()
+    x, y = rows
+    total, count = 0.0, 0
+    for i in range(0, len(x), batch_size):
+        xb, yb = x[i : i + batch_size].to(device), y[i : i + batch_size].to(device)
+        n = int((yb != IGNORE).sum())
+        total += story_loss(model, xb, yb).item() * n
+        count += n
+    model.train(was_training)
+    return total / count
+
+
+@torch.no_grad()
+def write_story(model: GPT, tokenizer: Tokenizer, prompt: str, args: argparse.Namespace, seed: int,
+                device) -> list[int]:
+    """The model's story for a prompt (after <eot>, as an example starts), its tokens up to <eot>."""
+    idx = torch.tensor([[tokenizer.eot, *tokenizer.encode(prompt)]], device=device)
+    out = []
+    for token in model.generate(idx, args.gen_tokens, args.temperature, args.top_k, seed):
+        if token.item() == tokenizer.eot:
+            break
+        out.append(token.item())
+    return out
+
+
+def measure(models: dict[str, GPT], args: argparse.Namespace, device, rows) -> dict:
+    """Does it follow instructions? The same held-out prompts and seeds for each model."""
+    tokenizer = Tokenizer.load(Path(args.data_dir) / "tokenizer.json")
+    examples = held_out_examples(args.data_dir, args.prompts)
+    asked = [e for e in examples if e.dialogue]
+    t0 = time.perf_counter()
+    results, sample = [], {"prompt": examples[0].prompt}
+    from tqdm import tqdm
+
+    for name, model in models.items():
+        model.eval()
+        used, quotes, unasked, lengths = [], [], [], []
+        for i, e in enumerate(tqdm(examples, desc=f"measure {name}", leave=False, disable=None)):
+            ids = write_story(model, tokenizer, e.prompt, args, args.seed + i, device)
+            story = tokenizer.decode(ids)
+            used += words_used(story, e.words)
+            (quotes if e.dialogue else unasked).append(has_dialogue(story))
+            lengths.append(len(ids))
+            if i == 0:
+                sample[name] = story
+        results.append({
+            "model": name,
+            "story_loss": held_out_story_loss(model, rows, device),
+            "words_used": sum(used) / len(used),
+            "dialogue_quoted": sum(quotes) / len(quotes) if quotes else None,
+            "quotes_unasked": sum(unasked) / len(unasked) if unasked else None,
+            "story_tokens": sum(lengths) / len(lengths),
+        })
+    seconds = time.perf_counter() - t0
+    print(f"{'model':<12} {'story loss':>10} {'words used':>11} {'Dialogue quoted':>16} {'quotes unasked':>15}")
+    for r in results:
+        dq, qu = r["dialogue_quoted"], r["quotes_unasked"]
+        print(f"{r['model']:<12} {r['story_loss']:>10.4f} {r['words_used']:>11.1%} "
+              f"{'-' if dq is None else f'{dq:.1%}':>16} {'-' if qu is None else f'{qu:.1%}':>15}")
+    print(f"{len(examples)} held-out prompts ({len(asked)} ask for Dialogue), {len(rows[0])} held-out examples "
+          f"for the loss, {args.gen_tokens} tokens at most, in {seconds:.0f} s")
+    return {"prompts": len(examples), "dialogue_prompts": len(asked), "loss_examples": len(rows[0]),
+            "gen_tokens": args.gen_tokens, "temperature": args.temperature, "top_k": args.top_k, "seed": args.seed,
+            "seconds": seconds, "rows": results, "sample": sample}
+
+
+def file_sizes(out_dir: Path, args: argparse.Namespace, model: GPT) -> dict:
+    adapter_bytes = adapter_path(out_dir).stat().st_size
+    base_bytes = checkpoint_path(args.init_from).stat().st_size
+    trainable, total = trainable_share(model)
+    weight_bytes = sum(p.numel() * p.element_size() for p in lora_parameters(model))
+    return {"trainable": trainable, "params": total, "trainable_share": trainable / total,
+            "adapter_bytes": adapter_bytes, "adapter_weight_bytes": weight_bytes, "checkpoint_bytes": base_bytes,
+            "adapter_share_of_checkpoint": adapter_bytes / base_bytes}
+
+
+def merge_to(out: str, base: GPT, base_state: dict, args: argparse.Namespace, tok_hash: str | None,
+             out_dir: Path) -> dict:
+    """Write base + adapter, merged, as an ordinary checkpoint that every reader loads."""
+    state = load_adapter(base, out_dir, tok_hash)
+    merge(base)
+    lora = {"adapter": str(adapter_path(out_dir)), "base": str(args.init_from), "rank": state["rank"],
+            "alpha": state["alpha"], "steps": state["step"], "args": state["args"]}
+    path = save_checkpoint(out, base, tokenizer_hash=tok_hash, step=base_state.get("step"),
+                           args=base_state.get("args"), lora=lora)
+    print(f"merged {adapter_path(out_dir)} into {args.init_from} -> {path} ({path.stat().st_size / 1e6:.1f} MB)")
+    return {"merged": str(path)}
+
+
+def train(model: GPT, args: argparse.Namespace, device, tok_hash: str | None, out_dir: Path) -> dict:
+    """Fine-tune an adapter on the base `model` (wrapped in place): batches of examples, loss on
+    the story tokens, the base frozen."""
+    base_hash = weights_hash(model)
+    T = model.config.block_size
+    train_data = load_instruct(args.data_dir, "train", T)
+    val = load_instruct(args.data_dir, "val", T)
+    if not len(train_data[2]) or not len(val[2]):
+        raise SystemExit(f"error: no prompt in {args.data_dir} leaves room for its story in a window of {T} tokens: "
+                         "fine-tune a model with a longer context")
+    rows = example_rows(*val[:2], val[2][: args.eval_examples], T)
+    log_path = out_dir / "log.jsonl"
+
+    step, elapsed, losses = 0, 0.0, []
+    if args.resume:
+        saved = read_adapter(out_dir)
+        for flag in ("rank", "alpha"):
+            if getattr(args, flag) is not None and getattr(args, flag) != saved[flag]:
+                raise SystemExit(f"error: {adapter_path(out_dir)} has {flag} {saved[flag]:g}, not "
+                                 f"{getattr(args, flag):g}: drop --{flag} to resume, or start a new run")
+        saved = load_adapter(model, out_dir, tok_hash)
+        args.rank, args.alpha = saved["rank"], saved["alpha"]
+    else:
+        args.rank = args.rank or DEFAULT_RANK
+        args.alpha = args.alpha or DEFAULT_ALPHA
+        apply_lora(model, args.rank, args.alpha, args.seed)
+    params = lora_parameters(model)
+    optimizer = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.99), weight_decay=0.0)
+    if args.resume:
+        optimizer.load_state_dict(saved["optimizer"])
+        step, elapsed, losses = saved["step"], saved["elapsed"], saved.get("losses", [])
+        truncate_log(log_path, step)
+        print(f"resuming {out_dir} at step {step} ({elapsed / 60:.1f} minutes done)")
+    elif log_path.exists():
+        log_path.unlink()
+    trainable, total = trainable_share(model)
+    print(f"{run_name(model)}: LoRA rank {args.rank}, alpha {args.alpha:g} on {len(params) // 2} linear layers: "
+          f"{trainable:,} trainable weights of {total:,} ({trainable / total:.2%}), base {args.init_from} frozen")
+
+    from torch.utils.tensorboard import SummaryWriter
+    from tqdm import tqdm
+
+    writer = SummaryWriter(str(Path(args.runs_dir) / out_dir.name), purge_step=step + 1 if step else None)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
+    budget = args.minutes * 60 if args.minutes else float("inf")
+    val_loss, evaluated_at = None, None
+
+    def save() -> Path:
+        return save_adapter(out_dir, model, base_hash, tok_hash, optimizer=optimizer.state_dict(), step=step,
+                            elapsed=elapsed, losses=losses, val_loss=val_loss, base=str(args.init_from),
+                            args=vars(args))
+
+    def log(record: dict) -> None:
+        with open(log_path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    stop = {"signal": None}
+    previous = {s: signal.signal(s, lambda signum, frame: stop.update(signal=signum))
+                for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        bar = tqdm(total=args.max_steps, initial=step, unit="step", dynamic_ncols=True, disable=None)
+        model.train()
+        while step < args.max_steps and elapsed < budget:
+            t0 = time.perf_counter()
+            lr = lr_at(step, args)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            x, y = instruct_batch(*train_data, args.batch_size, T, args.seed, step)
+            with autocast:
+                loss = story_loss(model, x.to(device), y.to(device))
+            if not math.isfinite(loss.item()):
+                raise SystemExit(f"error: loss became {loss.item()} at step {step}: stopping; the last good "
+                                 f"adapter in {out_dir} is kept (try a lower --lr)")
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if args.grad_clip:
+                torch.nn.utils.clip_grad_norm_(params, args.grad_clip)
+            optimizer.step()
+            step += 1
+            elapsed += time.perf_counter() - t0
+            losses.append(loss.item())
+            record = {"step": step, "loss": loss.item(), "lr": lr, "elapsed": elapsed}
+            if step % args.eval_every == 0 or step == args.max_steps:
+                t1 = time.perf_counter()
+                val_loss, evaluated_at = held_out_story_loss(model, rows, device), step
+                elapsed += time.perf_counter() - t1
+                record["val_loss"] = val_loss
+                writer.add_scalar("loss/held_out_story", val_loss, step)
+            log(record)
+            writer.add_scalar("loss/train_story", loss.item(), step)
+            writer.add_scalar("lr", lr, step)
+            bar.set_postfix(loss=f"{loss.item():.3f}")
+            bar.update(1)
+            if step % args.ckpt_every == 0:
+                save()
+            if args.kill_at_step == step:
+                os.kill(os.getpid(), signal.SIGKILL)
+            if stop["signal"] is not None:
+                save()
+                bar.close()
+                print(f"interrupted at step {step}: saved {out_dir}; continue with --resume")
+                raise SystemExit(130 if stop["signal"] == signal.SIGINT else 143)
+        bar.close()
+        if evaluated_at != step:
+            val_loss = held_out_story_loss(model, rows, device)
+            log({"step": step, "val_loss": val_loss, "elapsed": elapsed})
+            writer.add_scalar("loss/held_out_story", val_loss, step)
+        path = save()
+        writer.close()
+    finally:  # give the caller (a test, say) its own handlers back
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    size = path.stat().st_size
+    base_size = checkpoint_path(args.init_from).stat().st_size
+    print(f"{out_dir.name}: {step} steps in {elapsed / 60:.1f} min, held-out story loss {val_loss:.4f}; "
+          f"adapter {path} {size / 1e6:.2f} MB, {size / base_size:.1%} of the base checkpoint's "
+          f"{base_size / 1e6:.1f} MB")
+    return read_adapter(out_dir)
+
+
+def truncate_log(path: Path, step: int) -> None:
+    """Drop log lines after the adapter's step, so a resumed curve continues without a seam."""
+    if path.exists():
+        lines = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
+        path.write_text("".join(line + "\n" for line in lines))
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    device = pick_device(args.device)
+    tok_hash = data_tokenizer_hash(args.data_dir)
+    if tok_hash is None:
+        raise SystemExit(f"error: no complete prepared data in {args.data_dir}: run `python scripts/prepare.py` first")
+    base, base_state = load_model(args.init_from, device, tok_hash)
+    out_dir = Path(args.out_dir or Path("checkpoints") / run_name(base))
+    if args.merge:
+        return merge_to(args.merge, base, base_state, args, tok_hash, out_dir)
+    meta = prepare_instruct(args.data_dir)
+
+    model = copy.deepcopy(base)  # the base stays as it is, to be measured beside the fine-tuned model
+    if args.measure:
+        state = load_adapter(model, out_dir, tok_hash)
+    else:
+        state = train(model, args, device, tok_hash, out_dir)
+    model.eval()
+    summary = {"run": out_dir.name, "base": str(args.init_from), "rank": state["rank"], "alpha": state["alpha"],
+               "layers": len(state["targets"]), "steps": state["step"], "batch_size": state["args"]["batch_size"],
+               "lr": state["args"]["lr"], "minutes": state["elapsed"] / 60, "val_loss": state["val_loss"],
+               "train_loss_first": state["losses"][0] if state["losses"] else None,
+               "train_loss_last": state["losses"][-1] if state["losses"] else None,
+               "train_examples": meta["train"]["examples"], "val_examples": meta["val"]["examples"],
+               **file_sizes(out_dir, args, model), "machine": machine(device)}
+    if args.prompts:
+        val = load_instruct(args.data_dir, "val", model.config.block_size)
+        rows = example_rows(*val[:2], val[2][: args.eval_examples], model.config.block_size)
+        summary["measure"] = measure({"base": base, out_dir.name: model}, args, device, rows)
+    if args.json:
+        write_json(args.json, summary)
+    return summary
+
+
+if __name__ == "__main__":
+    main()

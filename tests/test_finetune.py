@@ -1,0 +1,167 @@
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import evaluate
+import finetune
+import pretrain
+import pytest
+import sample
+import torch
+from conftest import ROOT
+from test_instruct import write_corpus
+
+from mvgpt.checkpoint import load_model
+from mvgpt.data import prepare
+from mvgpt.lora import load_adapter, read_adapter
+
+TINY = ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "32", "--batch-size", "4",
+        "--eval-batches", "1", "--eval-every", "5", "--warmup", "2", "--minutes", "0", "--max-steps", "6"]
+FAST = ["--batch-size", "4", "--eval-examples", "8", "--eval-every", "2", "--warmup", "1", "--prompts", "3",
+        "--gen-tokens", "8"]
+
+
+def sha(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def script(*args) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "finetune.py"), *args], env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """Prepared data, a tiny rope base and a tiny learned one, and a fine-tune of the rope base run
+    end to end in a subprocess (its result and JSON)."""
+    root = tmp_path_factory.mktemp("finetune")
+    data = root / "data"
+    prepare(write_corpus(tmp_path_factory.mktemp("corpus")), data, vocab_size=300)
+    common = ["--data-dir", str(data), "--runs-dir", str(root / "runs")]
+    pretrain.main([*TINY, *common, "--rope", "--out-dir", str(root / "base-rope")])
+    pretrain.main([*TINY, *common, "--out-dir", str(root / "base")])
+    before = sha(root / "base-rope" / "ckpt.pt")
+    run = script("--init-from", str(root / "base-rope"), *common, "--out-dir", str(root / "lora-rope"),
+                 "--max-steps", "4", *FAST, "--json", str(root / "lora.json"))
+    assert run.returncode == 0, run.stderr
+    assert sha(root / "base-rope" / "ckpt.pt") == before  # the base checkpoint is only read
+    return {"root": root, "data": data, "common": common, "run": run,
+            "summary": json.loads((root / "lora.json").read_text())}
+
+
+def test_finetune_end_to_end(world):
+    root, summary = world["root"], world["summary"]
+    assert "trainable weights of" in world["run"].stdout and "of the base checkpoint's" in world["run"].stdout
+    assert sorted(os.listdir(root / "lora-rope")) == ["adapter.pt", "log.jsonl"]
+    assert (root / "runs" / "lora-rope").is_dir()  # TensorBoard
+    assert (summary["run"], summary["steps"], summary["rank"], summary["alpha"], summary["layers"]) == (
+        "lora-rope", 4, 8, 16.0, 4)
+    assert summary["trainable"] == 8 * ((32 + 96) + (32 + 32) + (32 + 128) + (128 + 32))
+    assert summary["trainable_share"] == summary["trainable"] / summary["params"]
+    assert summary["adapter_bytes"] == (root / "lora-rope" / "adapter.pt").stat().st_size
+    assert summary["adapter_weight_bytes"] == 4 * summary["trainable"] < summary["adapter_bytes"]
+    assert summary["adapter_bytes"] < summary["checkpoint_bytes"]
+    log = [json.loads(line) for line in (root / "lora-rope" / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [1, 2, 3, 4] and [r["val_loss"] for r in log if "val_loss" in r]
+    measured = summary["measure"]
+    assert (measured["prompts"], measured["gen_tokens"], measured["loss_examples"]) == (3, 8, 8)
+    base, tuned = measured["rows"]
+    assert (base["model"], tuned["model"]) == ("base", "lora-rope")
+    assert tuned["story_loss"] == summary["val_loss"]  # the same held-out rows, the same model
+    assert tuned["story_loss"] < base["story_loss"]
+    for row in (base, tuned):
+        assert 0 <= row["words_used"] <= 1 and row["story_tokens"] <= 8
+
+
+def test_measure_again_gives_the_same_figures(world, tmp_path):
+    root = world["root"]
+    again = finetune.main(["--init-from", str(root / "base-rope"), *world["common"], "--out-dir",
+                           str(root / "lora-rope"), *FAST, "--measure", "--json", str(tmp_path / "m.json")])
+    first = world["summary"]["measure"]
+    assert again["measure"]["rows"] == first["rows"] and again["measure"]["sample"] == first["sample"]
+    assert json.loads((tmp_path / "m.json").read_text())["steps"] == 4
+
+
+def test_merge_writes_a_checkpoint_every_reader_loads(world, tmp_path):
+    root, data = world["root"], world["data"]
+    base_dir = root / "base-rope"
+    finetune.main(["--init-from", str(base_dir), *world["common"], "--out-dir", str(root / "lora-rope"),
+                   "--merge", str(tmp_path / "merged")])
+    merged, state = load_model(tmp_path / "merged")
+    assert state["lora"]["rank"] == 8 and state["lora"]["steps"] == 4
+    adapted, _ = load_model(base_dir)
+    load_adapter(adapted, root / "lora-rope")
+    x = torch.randint(0, 300, (2, 32))
+    torch.testing.assert_close(merged(x)[0], adapted(x)[0], atol=1e-5, rtol=0)
+    rows = evaluate.main([str(tmp_path / "merged"), "--data-dir", str(data), "--device", "cpu"])
+    assert rows[0]["tokens"] > 0
+    base, _ = load_model(base_dir)
+    assert not torch.allclose(merged(x)[0], base(x)[0], atol=1e-4)
+    flags = ["--data-dir", str(data), "--device", "cpu", "--temperature", "1", "--top-k", "300",
+             "--max-new-tokens", "12", "--prompt", "Words: a, b, c\nStory:\n"]
+    with_adapter = sample.main([str(base_dir), "--adapter", str(root / "lora-rope"), *flags])
+    assert with_adapter == sample.main([str(tmp_path / "merged"), *flags])
+
+
+def test_kill_and_resume_continues_as_if_never_stopped(world):
+    root = world["root"]
+    args = ["--init-from", str(root / "base-rope"), *world["common"], "--max-steps", "5", "--ckpt-every", "2",
+            "--batch-size", "4", "--eval-every", "2", "--eval-examples", "4", "--prompts", "0"]
+    finetune.main([*args, "--out-dir", str(root / "whole")])
+    killed = script(*args, "--out-dir", str(root / "split"), "--kill-at-step", "3")
+    assert killed.returncode == -signal.SIGKILL
+    assert read_adapter(root / "split")["step"] == 2
+    finetune.main([*args, "--out-dir", str(root / "split"), "--resume"])
+    whole, split = read_adapter(root / "whole"), read_adapter(root / "split")
+    torch.testing.assert_close(torch.tensor(split["losses"]), torch.tensor(whole["losses"]), atol=1e-6, rtol=0)
+    assert len(split["losses"]) == 5
+    for name, t in whole["lora"].items():
+        torch.testing.assert_close(split["lora"][name], t, atol=1e-6, rtol=0)
+
+
+def test_learned_positions_get_their_own_run_folder(world, monkeypatch):
+    root = world["root"]
+    monkeypatch.chdir(root)
+    summary = finetune.main(["--init-from", str(root / "base"), "--data-dir", str(world["data"]), "--max-steps", "2",
+                             "--batch-size", "2", "--eval-examples", "2", "--prompts", "0", "--rank", "2"])
+    assert summary["run"] == "lora" and (root / "checkpoints" / "lora" / "adapter.pt").exists()
+    assert (root / "runs" / "lora").is_dir() and summary["rank"] == 2
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--rank", "0"], "--rank must be at least 1"),
+    (["--alpha", "-1"], "--alpha must be positive"),
+    (["--lr", "0"], "--lr must be a positive number"),
+    (["--lr", "nan"], "--lr must be a positive number"),
+    (["--max-steps", "0"], "--max-steps must be at least 1"),
+    (["--batch-size", "0"], "--batch-size must be at least 1"),
+    (["--minutes", "-2"], "--minutes must be >= 0"),
+    (["--prompts", "-1"], "--prompts must be >= 0"),
+    (["--measure", "--merge", "x"], "separate steps"),
+    (["--resume", "--measure"], "--resume trains"),
+])
+def test_bad_flags_are_one_line_errors(flags, words, tmp_path):
+    with pytest.raises(SystemExit) as e:
+        finetune.main([*flags, "--data-dir", str(tmp_path / "nothing-read-yet")])
+    message = str(e.value)
+    assert message.startswith("error: ") and words in message and "\n" not in message
+
+
+def test_errors_from_the_command_line_are_one_line(world):
+    root = world["root"]
+    bad = script("--rank", "0")
+    assert bad.returncode != 0 and bad.stderr.strip() == "error: --rank must be at least 1"
+    # an adapter put on another base: one line, nothing written
+    other = script("--init-from", str(root / "base"), *world["common"], "--out-dir", str(root / "lora-rope"),
+                   "--measure", "--prompts", "1")
+    assert other.returncode != 0 and "Traceback" not in other.stderr
+    assert len(other.stderr.strip().splitlines()) == 1
+    assert "trained on another base (rope True vs False)" in other.stderr
+    missing = script("--init-from", str(root / "base-rope"), *world["common"], "--out-dir", str(root / "none"),
+                     "--resume")
+    assert missing.returncode != 0 and missing.stderr.strip().startswith("error: no adapter at")
+    assert not (root / "none").exists()
