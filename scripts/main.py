@@ -1,5 +1,6 @@
 """The main job: prepare the data if needed, pretrain both kinds, evaluate, measure past the window,
-then read past the training context (a long-context fine-tune, the sweep, sinks) and write the docs' tables.
+read past the training context (a long-context fine-tune, the sweep, sinks), fine-tune the rope model on
+instructions with LoRA, and write the docs' tables.
 
 Each step is its own script, run here one after another in a subprocess. A step already done is
 skipped (a measurement, when its JSON is newer than the checkpoints it reads), and an interrupted
@@ -22,9 +23,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mvgpt.checkpoint import checkpoint_path, read_checkpoint  # noqa: E402
-from mvgpt.rope_scaling import METHODS as SCALINGS  # noqa: E402
+from mvgpt.rope_scaling import SCALING_METHODS  # noqa: E402
 
 SCRIPTS = Path(__file__).resolve().parent
+ROOT = SCRIPTS.parent
+STEPS = 1000  # about ten minutes for each kind on a 2-core CPU with bf16 matrix units (see the README)
 TINY = ["--n-layer", "2", "--n-head", "2", "--n-embd", "64", "--block-size", "32", "--batch-size", "4"]
 
 
@@ -43,6 +46,15 @@ def finished_steps(run_dir: Path) -> int:
     return int(read_checkpoint(run_dir).get("step", 0))
 
 
+def train(step: list[str], run_dir: Path, steps: int, summary: Path, common: list[str], env: dict) -> None:
+    """Train into run_dir unless it has reached `steps` already; an interrupted run resumes."""
+    done = finished_steps(run_dir)
+    if done >= steps:
+        print(f"\n{run_dir} has trained {done} steps already: skipping (delete it to train again)")
+        return
+    run([*step, *common, "--out-dir", str(run_dir), "--json", str(summary)] + (["--resume"] if done else []), env)
+
+
 def measure(step: list[str], out: Path, checkpoints: list[str], env: dict) -> None:
     """Run a measuring step unless its JSON is newer than every checkpoint it reads."""
     newest = max(checkpoint_path(c).stat().st_mtime for c in checkpoints)
@@ -56,10 +68,10 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--source", help="TinyStories file or folder (default: $MVGPT_TINYSTORIES, else download)")
     p.add_argument("--out", help="where data/, checkpoints/, runs/ and results/ go (default: here; tiny/ with --tiny)")
-    p.add_argument("--max-steps", type=int, default=250, help="training steps for each kind")
-    p.add_argument("--minutes", type=float, default=0, help="time budget for each run (0: steps decide)")
+    p.add_argument("--max-steps", type=int, default=STEPS, help="training steps for each kind (same for both)")
     p.add_argument("--device", help="cpu, cuda, mps (default: the best present)")
     p.add_argument("--finetune-steps", type=int, default=80, help="steps of the long-context fine-tune")
+    p.add_argument("--lora-steps", type=int, default=150, help="steps of the LoRA instruction fine-tune")
     p.add_argument("--tiny", action="store_true", help="a tiny model and vocabulary: checks the pipeline")
     args = p.parse_args(argv)
 
@@ -67,53 +79,54 @@ def main(argv: list[str] | None = None) -> None:
     data, ckpts, runs, results = out / "data", out / "checkpoints", out / "runs", out / "results"
     env = dict(os.environ)
     device = ["--device", args.device] if args.device else []
+    data_flag = ["--data-dir", str(data)]
+    window = 32 if args.tiny else 256
+    common = [*device, *data_flag, "--runs-dir", str(runs)]  # every training step's
 
-    prepare = [str(SCRIPTS / "prepare.py"), "--data-dir", str(data)]
+    # the data: a tokenizer and token files (skipped when data/ is prepared already)
+    prepare = [str(SCRIPTS / "prepare.py"), *data_flag, "--json", str(results / "data.json")]
     if args.source:
         prepare += ["--source", args.source]
     if args.tiny:
         prepare += ["--vocab-size", "512"]
     run(prepare, env)
 
-    model = TINY if args.tiny else []
-    for kind in ([], ["--rope"]):
-        run_dir = ckpts / ("pretrain-rope" if kind else "pretrain")
-        done = finished_steps(run_dir)
-        if done >= args.max_steps:
-            print(f"\n{run_dir} has trained {done} steps already: skipping (delete it to train again)")
-            continue
-        train = [str(SCRIPTS / "pretrain.py"), *kind, *model, *device, "--data-dir", str(data),
-                 "--out-dir", str(run_dir), "--runs-dir", str(runs), "--max-steps", str(args.max_steps),
-                 "--minutes", str(args.minutes)]
-        run(train + (["--resume"] if done else []), env)
+    # both kinds from the same seed, data and batches, the same number of steps, in bfloat16 where it is native
+    model = TINY if args.tiny else ["--compile"]  # compiling pays over a thousand steps, not over a tiny run
+    for kind, name in (([], "pretrain"), (["--rope"], "pretrain-rope")):
+        train([str(SCRIPTS / "pretrain.py"), *kind, *model, "--max-steps", str(args.max_steps), "--dtype", "auto"],
+              ckpts / name, args.max_steps, results / f"{name}.json", common, env)
 
+    # the episode's comparison: held-out loss, then past the window
     both = [str(ckpts / "pretrain"), str(ckpts / "pretrain-rope")]
     rope = str(ckpts / "pretrain-rope")
-    window = 32 if args.tiny else 256
-    data_flag = ["--data-dir", str(data)]
     measure([str(SCRIPTS / "evaluate.py"), *both, *device, *data_flag], results / "evaluate.json", both, env)
     measure([str(SCRIPTS / "context.py"), *both, *device, *data_flag, "--length", str(3 * window)],
             results / "context.json", both, env)
 
     # reading past the training context: a fine-tune to 4 windows, the sweep, sinks, dynamic NTK
     long_dir = ckpts / f"pretrain-rope-ctx{4 * window}-linear"
-    done = finished_steps(long_dir)
-    if done < args.finetune_steps:
-        run([str(SCRIPTS / "pretrain.py"), "--init-from", rope, "--block-size", str(4 * window),
-             "--rope-scaling", "linear", "--batch-size", "4", "--max-steps", str(args.finetune_steps),
-             "--warmup", "5", "--lr", "5e-4", "--eval-every", "20", "--ckpt-every", "20", "--minutes", "0",
-             *device, *data_flag, "--out-dir", str(long_dir), "--runs-dir", str(runs)]
-            + (["--resume"] if done else []), env)
+    train([str(SCRIPTS / "pretrain.py"), "--init-from", rope, "--block-size", str(4 * window),
+           "--rope-scaling", "linear", "--batch-size", "4", "--max-steps", str(args.finetune_steps), "--warmup", "5",
+           "--lr", "5e-4", "--eval-every", "20", "--ckpt-every", "20", "--dtype", "auto"],
+          long_dir, args.finetune_steps, results / f"{long_dir.name}.json", common, env)
     contexts = [str(window * k // 4) for k in (4, 6, 8, 12, 16, 24, 32)]
-    measure([str(SCRIPTS / "context.py"), rope, str(long_dir), *device, *data_flag, "--ctx", *contexts,
-             "--rope-scaling", *SCALINGS], results / "sweep.json", [rope, str(long_dir)], env)
-    measure([str(SCRIPTS / "context.py"), rope, *device, *data_flag, "--sinks", "4", "--length", str(4 * window),
+    long_context = str(SCRIPTS / "long_context.py")
+    measure([long_context, rope, str(long_dir), *device, *data_flag, "--ctx", *contexts,
+             "--rope-scaling", *SCALING_METHODS], results / "sweep.json", [rope, str(long_dir)], env)
+    measure([long_context, rope, *device, *data_flag, "--sinks", "4", "--length", str(4 * window),
              "--streams", "4"], results / "sinks.json", [rope], env)
-    measure([str(SCRIPTS / "context.py"), rope, *device, *data_flag, "--dynamic", "--length", str(2 * window),
+    measure([long_context, rope, *device, *data_flag, "--dynamic", "--length", str(2 * window),
              "--streams", "4"], results / "dynamic.json", [rope], env)
+
+    # episode 9: instruction fine-tuning with LoRA on the rope model, measured against its base
+    lora_dir = ckpts / "lora-rope"
+    tiny = ["--batch-size", "4", "--prompts", "4", "--gen-tokens", "20", "--eval-examples", "8"] if args.tiny else []
+    measure([str(SCRIPTS / "finetune.py"), "--init-from", rope, *common, "--out-dir", str(lora_dir),
+             "--max-steps", str(args.lora_steps), *tiny], results / "lora.json", [rope], env)
+
     if not args.tiny:  # the docs' tables and figures describe the real runs, not a tiny check
-        run([str(SCRIPTS / "report.py"), "--results-dir", str(results), "--checkpoints-dir", str(ckpts),
-             *data_flag, "--finetune", long_dir.name], env)
+        run([str(ROOT / "dev" / "report.py"), "--results-dir", str(results)], env)
     print(f"\ndone: checkpoints in {ckpts}, TensorBoard logs in {runs} (tensorboard --logdir {runs}), "
           f"tables in {results}")
 
