@@ -269,7 +269,7 @@ def llama_cpp_kwargs(rope: dict[str, Any] | None = None) -> dict[str, Any]:
     --rope-scale, --rope-freq-base, --yarn-orig-ctx), from a `gguf_rope` dict."""
     import llama_cpp
 
-    if rope is None:
+    if not rope:  # a learned-position model: no rotary options
         return {}
     types = {"none": llama_cpp.LLAMA_ROPE_SCALING_TYPE_NONE, "linear": llama_cpp.LLAMA_ROPE_SCALING_TYPE_LINEAR,
              "yarn": llama_cpp.LLAMA_ROPE_SCALING_TYPE_YARN}

@@ -367,3 +367,38 @@ def test_llama_cpp_tokenizes_as_ours(tokenizer, rich_tokenizer, tmp_path, which)
         ids = tok.encode(text)
         assert llm.tokenize(text.encode("utf-8"), add_bos=False, special=True) == ids, text
         assert llm.detokenize(ids, special=True).decode("utf-8") == text
+
+
+@pytest.mark.skipif(llama_cpp_missing() is None, reason="llama.cpp is installed: the check runs below instead")
+def test_check_without_llama_cpp_is_a_one_line_error(tokenizer, data_dir, tmp_path):
+    import export_check
+
+    ckpt = saved_checkpoint(tokenizer, tmp_path, rope=True)
+    with pytest.raises(SystemExit, match="llama.cpp is not available .*pip install llama-cpp-python") as e:
+        export_check.main([ckpt, "--gguf", "--data-dir", str(data_dir), "--out", str(tmp_path / "x")])
+    assert str(e.value.code).startswith("error: ") and "\n" not in str(e.value.code)
+
+
+@needs_llama_cpp
+def test_check_puts_llama_cpp_perplexity_beside_ours(tokenizer, data_dir, tmp_path):
+    import json
+
+    import export_check
+
+    ckpts = [saved_checkpoint(tokenizer, tmp_path / kind, rope=kind == "rope") for kind in ("learned", "rope")]
+    out = tmp_path / "llama_cpp.json"
+    export_check.main([*ckpts, "--gguf", "--data-dir", str(data_dir), "--out", str(tmp_path / "x"), "--ctx", "16",
+                       "32", "--sweep-tokens", "64", "--max-new-tokens", "6", "--held-out-tokens", "400",
+                       "--json", str(out)])
+    result = json.loads(out.read_text())
+    learned, rope = result["models"]
+    assert [(r["ctx"], r["method"]) for r in learned["sweep"]] == [(16, "none")]  # its table stops at 16
+    assert [(r["ctx"], r["method"]) for r in rope["sweep"]] == [(c, m) for c in (16, 32)
+                                                                for m in ("none", "linear", "yarn", "ntk")]
+    for model in result["models"]:
+        assert model["match"] and model["held_out_tokens_match"]
+        for row in model["sweep"]:
+            assert row["tokens"] == (64 // row["ctx"]) * (row["ctx"] // 2 - 1)  # the sweep's chunks, second halves
+            assert row["loss_llama_cpp"] == pytest.approx(row["loss_mvgpt_ggml_gelu"], abs=NOISE)
+    linear32 = rope["sweep"][5]
+    assert linear32["llama_cpp_options"]["type"] == "linear" and linear32["llama_cpp_options"]["factor"] == 2.0
