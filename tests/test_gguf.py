@@ -169,6 +169,16 @@ def test_vocabulary_and_merges_round_trip(tokenizer, rich_tokenizer, tmp_path, w
         assert bpe_encode(tokens, merges, tok.pattern, text) == tok.encoding.encode_ordinary(text), text
 
 
+# llama.cpp's split for the `llama-bpe` pre-tokenizer (src/llama-vocab.cpp, LLAMA_VOCAB_PRE_TYPE_LLAMA3)
+LLAMA_BPE_SPLIT = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
+                   r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def test_llama_bpe_splits_text_as_our_pattern(tokenizer):
+    for text in [*TEXTS, "a\n\n\n  b \r\n\r\n c  \n", "DON'T it's THEY'RE we'VE 1234567 x\u00a0y"]:
+        assert regex.findall(LLAMA_BPE_SPLIT, text) == regex.findall(tokenizer.pattern, text), repr(text)
+
+
 def test_ggml_gelu_is_the_tanh_table():
     x = torch.linspace(-12, 12, 200001)
     y = ggml_gelu(x)
