@@ -282,11 +282,18 @@ def llama_cpp_kwargs(rope: dict[str, Any] | None = None) -> dict[str, Any]:
 
 
 def llama_cpp_model(path: str | os.PathLike, n_ctx: int, rope: dict[str, Any] | None = None, threads: int = 2):
-    """The GGUF loaded by llama.cpp, with the logits of every position kept (for scoring)."""
-    from llama_cpp import Llama
+    """The GGUF loaded by llama.cpp, with the logits of every position kept (for scoring).
 
-    return Llama(model_path=str(path), n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, logits_all=True,
-                 n_threads=threads, n_threads_batch=threads, verbose=False, seed=0, **llama_cpp_kwargs(rope))
+    The KV cache holds float32 keys and values, as ours (llama.cpp's default is float16, which
+    would round every key and value), and attention is llama.cpp's plain one (no flash attention).
+    """
+    import llama_cpp
+
+    return llama_cpp.Llama(
+        model_path=str(path), n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, logits_all=True, n_threads=threads,
+        n_threads_batch=threads, type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32, flash_attn=False,
+        verbose=False, seed=0, **llama_cpp_kwargs(rope),
+    )
 
 
 def llama_cpp_logits(llm, ids: list[int]) -> torch.Tensor:
