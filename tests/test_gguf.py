@@ -319,11 +319,32 @@ def test_script_refuses_a_folder_as_the_file(tokenizer, data_dir, tmp_path):
 # llama.cpp itself (llama-cpp-python), where it is installed
 
 needs_llama_cpp = pytest.mark.skipif(llama_cpp_missing() is not None, reason=str(llama_cpp_missing()))
-NOISE = 1e-4  # float32 noise between two implementations of the same computation, on logits of a few units
+NOISE = 5e-5  # mean float32 noise between two implementations of one computation, on logits of a few units
 
 
 def random_ids(tokenizer: Tokenizer, T: int, seed: int) -> list[int]:
     return torch.randint(0, tokenizer.vocab_size, (T,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def assert_llama_cpp_matches(theirs: torch.Tensor, model: GPT, ids: list[int]) -> None:
+    """llama.cpp's logits against ours, exact and with llama.cpp's GELU swapped in.
+
+    Against our forward with ggml's GELU, the computation is the same: the mean difference is
+    float32 noise, ten times below what the GELU itself moves. Against ours as it is, the tolerance
+    comes from the GELU: gap = how far swapping the GELU moves our own logits (measured on this
+    input). The rest is float32 noise and the float16 table's rounding (an input near a float16
+    boundary can round the other way in llama.cpp), which stays below the gap: 2 x gap in all.
+    """
+    with torch.no_grad():
+        ours = model(torch.tensor([ids]))[0][0]
+        with ggml_activation(model):
+            ours_ggml = model(torch.tensor([ids]))[0][0]
+    assert theirs.shape == ours.shape
+    to_ggml, to_exact = (theirs - ours_ggml).abs(), (theirs - ours).abs()
+    assert to_ggml.mean().item() < NOISE
+    assert 10 * to_ggml.mean().item() < to_exact.mean().item()
+    gap = (ours - ours_ggml).abs().max().item()
+    assert to_exact.max().item() <= 2 * gap
 
 
 @needs_llama_cpp
@@ -332,29 +353,23 @@ def test_llama_cpp_logits_equal_ours(tokenizer, tmp_path, rope):
     model = model_for(tokenizer, rope, scale=0.2)
     llm = llama_cpp_model(export_gguf(model, tokenizer, tmp_path / "m.gguf"), n_ctx=16)
     ids = random_ids(tokenizer, 16, seed=1)
-    theirs = llama_cpp_logits(llm, ids)
-    with torch.no_grad():
-        ours = model(torch.tensor([ids]))[0][0]
-        with ggml_activation(model):
-            ours_ggml = model(torch.tensor([ids]))[0][0]
-    # against our forward with llama.cpp's GELU: the same computation, float noise apart
-    torch.testing.assert_close(theirs, ours_ggml, atol=NOISE, rtol=0)
-    # against ours as it is: apart by what the GELU moves (measured here, well above the noise), plus noise
-    gelu_gap = (ours - ours_ggml).abs().max().item()
-    assert gelu_gap > 10 * NOISE
-    assert (theirs - ours).abs().max().item() <= gelu_gap + NOISE
+    assert_llama_cpp_matches(llama_cpp_logits(llm, ids), model, ids)
 
 
 @needs_llama_cpp
-@pytest.mark.parametrize("method", ["linear", "yarn", "ntk"])
-def test_llama_cpp_rope_scaling_equal_ours(tokenizer, tmp_path, method):
-    model = model_for(tokenizer, True, seed=3, scale=0.2, n_embd=64)  # head 32: YaRN's ramp inside the pairs
-    model.rope_scaling = RopeScaling(method, train_ctx=16, ctx=64)
+@pytest.mark.parametrize("method", ["linear", "yarn", "ntk", "fine-tuned linear", "fine-tuned ntk"])
+def test_llama_cpp_rope_scaling_in_the_file_equal_ours(tokenizer, tmp_path, method):
+    # head 32: YaRN's ramp bounds fall inside the pairs
+    fine_tuned = {"rope_linear_factor": 2.0} if method.startswith("fine-tuned") else {}
+    model = model_for(tokenizer, True, seed=3, scale=0.2, n_embd=64, **fine_tuned)
+    if method != "fine-tuned linear":
+        model.rope_scaling = RopeScaling(method.split()[-1], train_ctx=16, ctx=64)
     llm = llama_cpp_model(export_gguf(model, tokenizer, tmp_path / "m.gguf"), n_ctx=64)
     ids = random_ids(tokenizer, 64, seed=2)
-    with torch.no_grad(), ggml_activation(model):
-        ours = model(torch.tensor([ids]))[0][0]
-    torch.testing.assert_close(llama_cpp_logits(llm, ids), ours, atol=NOISE, rtol=0)
+    assert_llama_cpp_matches(llama_cpp_logits(llm, ids), model, ids)
+    plain = model_for(tokenizer, True, seed=3, scale=0.2, n_embd=64)  # the same weights, unscaled
+    with torch.no_grad():  # and the scaling is what llama.cpp computes: without it, ours is far off
+        assert (llama_cpp_logits(llm, ids) - plain(torch.tensor([ids]))[0][0]).abs().max() > 0.05
 
 
 @needs_llama_cpp
@@ -409,6 +424,6 @@ def test_check_puts_llama_cpp_perplexity_beside_ours(tokenizer, data_dir, tmp_pa
         assert model["match"] and model["held_out_tokens_match"]
         for row in model["sweep"]:
             assert row["tokens"] == (64 // row["ctx"]) * (row["ctx"] // 2 - 1)  # the sweep's chunks, second halves
-            assert row["loss_llama_cpp"] == pytest.approx(row["loss_mvgpt_ggml_gelu"], abs=NOISE)
+            assert row["loss_llama_cpp"] == pytest.approx(row["loss_mvgpt_ggml_gelu"], abs=1e-5)
     linear32 = rope["sweep"][5]
     assert linear32["llama_cpp_options"]["type"] == "linear" and linear32["llama_cpp_options"]["factor"] == 2.0
