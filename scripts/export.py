@@ -1,4 +1,4 @@
-"""Export a checkpoint as an HF transformers model: GPT-2 (learned positions) or GPT-NeoX (rope).
+"""Export a checkpoint as an HF transformers model (GPT-2 or GPT-NeoX) or a GGUF file for llama.cpp.
 
 Writes config.json, generation_config.json, model.safetensors, tokenizer.json,
 tokenizer_config.json and a README.md into OUTDIR; `AutoModelForCausalLM.from_pretrained(OUTDIR)`
@@ -7,10 +7,18 @@ A rope model can carry a context extension where transformers has the same metho
 dynamic-ntk (as dynamic) and yarn; the others are refused. Needs the export extra
 (`pip install -e .[export]`).
 
+With --format gguf, OUT is one .gguf file (mvgpt/gguf.py): llama.cpp's `gptneox` (rope) or `gpt2`
+(learned positions), fp32 (or --f16), the tokenizer inside. Rope scaling goes in where llama.cpp
+computes the same thing: linear, yarn and ntk (as a larger rope base); the others are refused.
+
 Examples:
     python scripts/export.py checkpoints/pretrain exports/pretrain
     python scripts/export.py checkpoints/pretrain-rope exports/rope-yarn --ctx 1024 --rope-scaling yarn
     python scripts/export.py /tmp/tiny /tmp/tiny-hf --data-dir /tmp/tinydata   # a tiny CPU run
+    python scripts/export.py checkpoints/pretrain-rope exports/pretrain-rope.gguf --format gguf
+    python scripts/export.py checkpoints/pretrain-rope exports/rope-512.gguf --format gguf \\
+        --rope-scaling linear --ctx 512
+    python scripts/export.py /tmp/tiny /tmp/tiny.gguf --format gguf --data-dir /tmp/tinydata   # tiny, GGUF
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from mvgpt.checkpoint import checkpoint_path, load_model  # noqa: E402
 from mvgpt.data import DATA_DIR, data_tokenizer_hash  # noqa: E402
 from mvgpt.export import export  # noqa: E402
+from mvgpt.gguf import export_gguf  # noqa: E402
 from mvgpt.rope_scaling import SCALING_METHODS, RopeScaling  # noqa: E402
 from mvgpt.tokenizer import Tokenizer  # noqa: E402
 
@@ -31,7 +40,10 @@ from mvgpt.tokenizer import Tokenizer  # noqa: E402
 def main(argv: list[str] | None = None) -> Path:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", help="run folder or checkpoint file")
-    p.add_argument("outdir", help="folder to write the transformers model into")
+    p.add_argument("outdir", help="folder to write the transformers model into (--format gguf: the .gguf file)")
+    p.add_argument("--format", choices=("hf", "gguf"), default="hf",
+                   help="hf: a transformers folder (default); gguf: one file for llama.cpp")
+    p.add_argument("--f16", action="store_true", help="gguf: matrices in float16 (default float32)")
     p.add_argument("--data-dir", default=str(DATA_DIR), help="where the tokenizer is")
     p.add_argument("--ctx", type=int, help="context to read at, with --rope-scaling (default: the training one)")
     # all of mvGPT's methods are accepted here, so the ones without an equivalent get a reason, not a usage line
@@ -45,6 +57,8 @@ def main(argv: list[str] | None = None) -> Path:
         raise SystemExit(f"error: --ctx must be at least 1 token, got {args.ctx}")
     if args.rope_factor is not None and args.rope_factor <= 0:
         raise SystemExit(f"error: --rope-factor must be positive, got {args.rope_factor}")
+    if args.f16 and args.format != "gguf":
+        raise SystemExit("error: --f16 is for --format gguf (the transformers export is float32)")
     if args.rope_factor is not None and args.rope_scaling not in ("linear", "dynamic-ntk"):
         # mvGPT's other methods ignore the factor; exporting as if it mattered would mislead
         raise SystemExit(f"error: --rope-factor is for linear and dynamic-ntk, not {args.rope_scaling}")
@@ -54,8 +68,12 @@ def main(argv: list[str] | None = None) -> Path:
     if args.rope_scaling is not None:
         ctx = args.ctx or model.config.block_size
         model.rope_scaling = RopeScaling(args.rope_scaling, model.config.block_size, ctx, args.rope_factor)
-    outdir = export(model, tokenizer, args.outdir, checkpoint_path(args.checkpoint), state)
-    kind = "GPT-NeoX" if model.config.rope else "GPT-2"
+    if args.format == "gguf":
+        outdir = export_gguf(model, tokenizer, args.outdir, checkpoint_path(args.checkpoint), state, args.f16)
+        kind = "llama.cpp " + ("gptneox" if model.config.rope else "gpt2")
+    else:
+        outdir = export(model, tokenizer, args.outdir, checkpoint_path(args.checkpoint), state)
+        kind = "GPT-NeoX" if model.config.rope else "GPT-2"
     print(f"exported {checkpoint_path(args.checkpoint)} as {kind} to {outdir}")
     return outdir
 

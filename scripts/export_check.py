@@ -1,4 +1,4 @@
-"""Export the trained checkpoints and check that transformers writes the same story, token for token.
+"""Export the trained checkpoints and check that transformers (or llama.cpp) writes the same story.
 
 For each checkpoint: export it (mvgpt/export.py) into a folder under --out, load it with
 `AutoModelForCausalLM` and `AutoTokenizer`, write a greedy story from the same prompt with both
@@ -6,15 +6,26 @@ libraries, and compare the tokens. The story stays inside the training window, w
 the same thing (past it, mvGPT slides its window and transformers does not). Also compares the
 logits over prompt + story, and the two tokenizers on held-out text.
 
+With --gguf, the same for llama.cpp (llama-cpp-python): each checkpoint exported as a GGUF file
+(mvgpt/gguf.py), its greedy story and tokenization against ours, and llama.cpp's perplexity over
+the held-out chunks of context.py's sweep (its own chunking function, the second half of each chunk
+scored, as llama.cpp's perplexity tool does) at each --ctx, with llama.cpp's own rope options
+for each --rope-scaling method it has (linear, yarn, ntk as a larger rope base), beside our loss on
+the same chunks, exact and with llama.cpp's GELU (see docs/export.md).
+
 Examples:
     python scripts/export_check.py
+    python scripts/export_check.py --gguf --ctx 256 512 1024 --json results/llama_cpp.json
     python scripts/export_check.py checkpoints/pretrain-rope --max-new-tokens 250 --json results/export_check.json
     python scripts/export_check.py /tmp/tiny --data-dir /tmp/tinydata --out /tmp/exports --max-new-tokens 10  # tiny
+    python scripts/export_check.py /tmp/tiny --data-dir /tmp/tinydata --out /tmp/exports --max-new-tokens 10 \\
+        --gguf --ctx 32 64 --sweep-tokens 512                                            # tiny, llama.cpp
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from pathlib import Path
@@ -22,11 +33,27 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+# The sweep's chunking and scoring, used as is so llama.cpp reads exactly the same chunks. The one
+# import of it: if the sweep moves (e.g. to scripts/long_context.py), change this line.
+from long_context import chunk_losses  # noqa: E402
+
+from mvgpt.bench import machine  # noqa: E402
 from mvgpt.checkpoint import checkpoint_path, load_model  # noqa: E402
 from mvgpt.data import DATA_DIR, data_tokenizer_hash, load_tokens  # noqa: E402
 from mvgpt.export import export  # noqa: E402
+from mvgpt.gguf import (  # noqa: E402
+    export_gguf,
+    ggml_activation,
+    gguf_rope,
+    llama_cpp_greedy,
+    llama_cpp_logits,
+    llama_cpp_missing,
+    llama_cpp_model,
+)
 from mvgpt.io import write_json  # noqa: E402
+from mvgpt.rope_scaling import RopeScaling  # noqa: E402
 from mvgpt.tokenizer import Tokenizer  # noqa: E402
 
 
@@ -90,7 +117,137 @@ def check(
     }
 
 
-def main(argv: list[str] | None = None) -> list[dict]:
+# ----------------------------------------------------------------------------------------------
+# llama.cpp (--gguf)
+
+LLAMA_CPP_METHODS = ("none", "linear", "yarn", "ntk")  # what llama.cpp's own rope options compute as we do
+
+
+class LlamaCppAsModel:
+    """llama.cpp behind the one call chunk_losses makes, `model(idx (1, T))` -> (logits (1, T, V), None),
+    so the sweep's function scores its logits exactly as it scores ours."""
+
+    def __init__(self, llm) -> None:
+        self.llm = llm
+        self.wte = torch.nn.Embedding(1, 1)  # chunk_losses reads model.wte.weight.device: the CPU
+
+    def __call__(self, idx: torch.Tensor):
+        return llama_cpp_logits(self.llm, idx[0].tolist())[None], None
+
+
+def llama_cpp_rope(model, method: str, ctx: int, factor: float) -> dict | None:
+    """llama.cpp's run-time rope options for our method at ctx (None: llama.cpp has no such method).
+
+    yarn and ntk leave the angles alone up to the training context, in mvGPT: plain RoPE there."""
+    c = model.config
+    if method not in LLAMA_CPP_METHODS or (not c.rope and (method != "none" or ctx > c.block_size)):
+        return None
+    if not c.rope:
+        return {}
+    if method in ("yarn", "ntk") and ctx <= c.block_size:
+        method = "none"
+    if method == "none":
+        return gguf_rope(c, None)
+    return gguf_rope(c, RopeScaling(method, c.block_size, ctx, factor if method == "linear" else None))
+
+
+@torch.no_grad()
+def check_gguf(ckpt: str, tokenizer: Tokenizer, tok_hash: str, out: Path, args: argparse.Namespace, val,
+               held_out: str) -> dict:
+    """Export one checkpoint as GGUF; its greedy story, tokenizer and sweep under llama.cpp beside ours."""
+    model, state = load_model(ckpt, "cpu", tok_hash)
+    name = Path(checkpoint_path(ckpt)).parent.name
+    path = export_gguf(model, tokenizer, out / f"{name}.gguf", checkpoint_path(ckpt), state)
+    threads = torch.get_num_threads()
+    window = model.config.block_size
+
+    # the greedy story and the tokenizer, inside the training window
+    ids = tokenizer.encode(args.prompt) or [tokenizer.eot]
+    n_new = min(args.max_new_tokens, window - len(ids))
+    llm = llama_cpp_model(path, window, {}, threads)
+    ours = torch.cat(list(model.generate(torch.tensor([ids]), n_new, temperature=0)), dim=1)[0].tolist()
+    theirs = llama_cpp_greedy(llm, ids, n_new)
+    held_ours = tokenizer.encode(held_out)
+    held_theirs = llm.tokenize(held_out.encode("utf-8"), add_bos=False, special=True)
+    del llm
+
+    rows, skipped = [], []
+    factor = args.rope_factor or max(args.ctx) / window  # linear: one factor for all contexts, as the sweep
+    for ctx in args.ctx:
+        for method in args.rope_scaling:
+            rope = llama_cpp_rope(model, method, ctx, factor)
+            if rope is None:
+                skipped.append(f"{method} at {ctx}")
+                continue
+            model.set_context(ctx, method, factor if method == "linear" else None)
+            ours_losses = chunk_losses(model, val, ctx, args.sweep_tokens)
+            with ggml_activation(model):
+                ggml_losses = chunk_losses(model, val, ctx, args.sweep_tokens)
+            llm = llama_cpp_model(path, ctx, rope, threads)
+            theirs_losses = chunk_losses(LlamaCppAsModel(llm), val, ctx, args.sweep_tokens)
+            del llm
+            row = {"ctx": ctx, "method": method, "llama_cpp_options": rope, "tokens": len(ours_losses),
+                   "loss_mvgpt": ours_losses.mean().item(), "loss_mvgpt_ggml_gelu": ggml_losses.mean().item(),
+                   "loss_llama_cpp": theirs_losses.mean().item(),
+                   "max_token_loss_difference": (theirs_losses - ours_losses).abs().max().item(),
+                   "max_token_loss_difference_ggml_gelu": (theirs_losses - ggml_losses).abs().max().item()}
+            row["perplexity_mvgpt"] = math.exp(row["loss_mvgpt"])
+            row["perplexity_llama_cpp"] = math.exp(row["loss_llama_cpp"])
+            rows.append(row)
+            print(f"  n_ctx {ctx:>5} {method:<8} loss mvGPT {row['loss_mvgpt']:.5f} (ggml GELU "
+                  f"{row['loss_mvgpt_ggml_gelu']:.5f})  llama.cpp {row['loss_llama_cpp']:.5f}  "
+                  f"ppl {row['perplexity_mvgpt']:.3f} / {row['perplexity_llama_cpp']:.3f}  "
+                  f"max |token loss diff| {row['max_token_loss_difference']:.1e}")
+    model.set_context()
+    return {
+        "checkpoint": str(checkpoint_path(ckpt)),
+        "export": str(path),
+        "architecture": "gptneox" if model.config.rope else "gpt2",
+        "step": state.get("step"),
+        "train_ctx": window,
+        "prompt": args.prompt,
+        "new_tokens": n_new,
+        "match": ours == theirs,
+        "first_difference": first_difference(ours, theirs),
+        "held_out_tokens": len(held_ours),
+        "held_out_tokens_match": held_theirs == held_ours,
+        "story_mvgpt": tokenizer.decode(ours),
+        "sweep": rows,
+        "not_in_llama_cpp": skipped,
+    }
+
+
+def main_gguf(args: argparse.Namespace, tokenizer: Tokenizer, tok_hash: str, held_out: str) -> dict:
+    missing = llama_cpp_missing()
+    if missing:
+        raise SystemExit(f"error: {missing}")
+    import llama_cpp
+
+    if any(n < 2 for n in args.ctx):
+        raise SystemExit("error: --ctx must be at least 2 tokens (half of each chunk is scored)")
+    val = load_tokens(args.data_dir, "val")
+    models = []
+    for ckpt in args.checkpoints:
+        print(f"{ckpt}: llama.cpp {llama_cpp.__version__}")
+        models.append(check_gguf(ckpt, tokenizer, tok_hash, Path(args.out), args, val, held_out))
+        row = models[-1]
+        print(f"  greedy story, {row['new_tokens']} tokens: {'MATCH' if row['match'] else 'DIFFERENT'}; "
+              f"{row['held_out_tokens']:,} held-out tokens {'same' if row['held_out_tokens_match'] else 'DIFFERENT'}")
+        if row["not_in_llama_cpp"]:
+            print(f"  not in llama.cpp: {', '.join(row['not_in_llama_cpp'])}")
+    result = {"machine": machine("cpu"), "llama_cpp": f"llama-cpp-python {llama_cpp.__version__} "
+              "(llama.cpp built from source by pip install llama-cpp-python)", "contexts": args.ctx,
+              "methods": args.rope_scaling, "linear_factor": args.rope_factor, "sweep_tokens": args.sweep_tokens,
+              "models": models}
+    print(f"measured on {result['machine']}")
+    if args.json:
+        write_json(args.json, result)
+    if not all(m["match"] and m["held_out_tokens_match"] for m in models):
+        raise SystemExit("error: llama.cpp and mvGPT disagree (see above)")
+    return result
+
+
+def main(argv: list[str] | None = None) -> list[dict] | dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoints", nargs="*", default=["checkpoints/pretrain", "checkpoints/pretrain-rope"],
                    help="run folders or checkpoint files (default: both pretrained models)")
@@ -101,6 +258,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--held-out-tokens", type=int, default=50000,
                    help="held-out tokens decoded to text and re-encoded by both tokenizers")
     p.add_argument("--json", help="also write the results here")
+    p.add_argument("--gguf", action="store_true", help="check llama.cpp on GGUF exports instead of transformers")
+    p.add_argument("--ctx", type=int, nargs="+", default=[256, 512], help="--gguf: the sweep's contexts")
+    p.add_argument("--rope-scaling", nargs="+", default=list(LLAMA_CPP_METHODS), choices=LLAMA_CPP_METHODS,
+                   help="--gguf: the sweep's methods (those llama.cpp has)")
+    p.add_argument("--rope-factor", type=float,
+                   help="--gguf: linear's fixed factor (default: largest --ctx / training context)")
+    p.add_argument("--sweep-tokens", type=int, default=16384, help="--gguf: held-out tokens read per sweep cell")
     args = p.parse_args(argv)
     if args.max_new_tokens < 1:
         raise SystemExit("error: --max-new-tokens must be at least 1")
@@ -109,6 +273,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     tokenizer = Tokenizer.load(Path(args.data_dir) / "tokenizer.json")
     tok_hash = data_tokenizer_hash(args.data_dir) or tokenizer.hash
     held_out = tokenizer.decode(load_tokens(args.data_dir, "val")[: args.held_out_tokens].tolist())
+    if args.gguf:
+        return main_gguf(args, tokenizer, tok_hash, held_out)
     rows = []
     for ckpt in args.checkpoints:
         row = check(ckpt, tokenizer, tok_hash, Path(args.out), args.prompt, args.max_new_tokens, held_out)
