@@ -156,7 +156,7 @@ def export_gguf(
     """Write one .gguf file (reading `model.rope_scaling` for a rope model), atomically."""
     import gguf
 
-    c = model.config
+    c, scaling = model.config, getattr(model, "rope_scaling", None)  # set by long_context.set_context
     if tokenizer.vocab_size != c.vocab_size:
         raise ExportError(
             f"the tokenizer has {tokenizer.vocab_size} tokens but the model {c.vocab_size}: "
@@ -166,8 +166,8 @@ def export_gguf(
     if path.is_dir():
         raise ExportError(f"{path} is a folder: give the .gguf file to write")
     if c.rope:
-        rope = gguf_rope(c, model.rope_scaling)  # first: it refuses what cannot be exported
-    elif model.rope_scaling is not None and model.rope_scaling.method != "none":
+        rope = gguf_rope(c, scaling)  # first: it refuses what cannot be exported
+    elif scaling is not None and scaling.method != "none":
         raise ExportError("--rope-scaling needs a rope model; this one has learned positions")
     arch = "gptneox" if c.rope else "gpt2"
     tensors = gguf_tensors(model, f16)
@@ -193,8 +193,8 @@ def export_gguf(
                 w.add_rope_scaling_factor(rope["factor"])
             if rope["original_context"] is not None:
                 w.add_rope_scaling_orig_ctx_len(rope["original_context"])
-                w.add_rope_scaling_yarn_beta_fast(float(model.rope_scaling.beta_fast))
-                w.add_rope_scaling_yarn_beta_slow(float(model.rope_scaling.beta_slow))
+                w.add_rope_scaling_yarn_beta_fast(float(scaling.beta_fast))
+                w.add_rope_scaling_yarn_beta_slow(float(scaling.beta_slow))
         if state and "step" in state:
             w.add_string("mvgpt.step", str(state["step"]))
         w.add_string("mvgpt.tokenizer_hash", tokenizer.hash)

@@ -53,6 +53,7 @@ from mvgpt.gguf import (  # noqa: E402
     llama_cpp_model,
 )
 from mvgpt.io import write_json  # noqa: E402
+from mvgpt.long_context import set_context  # noqa: E402
 from mvgpt.rope_scaling import RopeScaling  # noqa: E402
 from mvgpt.tokenizer import Tokenizer  # noqa: E402
 
@@ -179,7 +180,7 @@ def check_gguf(ckpt: str, tokenizer: Tokenizer, tok_hash: str, out: Path, args: 
             if rope is None:
                 skipped.append(f"{method} at {ctx}")
                 continue
-            model.set_context(ctx, method, factor if method == "linear" else None)
+            set_context(model, ctx, method, factor if method == "linear" else None)
             ours_losses = chunk_losses(model, val, ctx, args.sweep_tokens)
             with ggml_activation(model):
                 ggml_losses = chunk_losses(model, val, ctx, args.sweep_tokens)
@@ -198,7 +199,7 @@ def check_gguf(ckpt: str, tokenizer: Tokenizer, tok_hash: str, out: Path, args: 
                   f"{row['loss_mvgpt_ggml_gelu']:.5f})  llama.cpp {row['loss_llama_cpp']:.5f}  "
                   f"ppl {row['perplexity_mvgpt']:.3f} / {row['perplexity_llama_cpp']:.3f}  "
                   f"max |token loss diff| {row['max_token_loss_difference']:.1e}")
-    model.set_context()
+    set_context(model)
     return {
         "checkpoint": str(checkpoint_path(ckpt)),
         "export": str(path),

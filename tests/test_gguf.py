@@ -34,6 +34,7 @@ from mvgpt.gguf import (  # noqa: E402
     llama_cpp_missing,
     llama_cpp_model,
 )
+from mvgpt.long_context import set_context  # noqa: E402
 from mvgpt.model import GPT  # noqa: E402
 from mvgpt.rope_scaling import RopeScaling  # noqa: E402
 from mvgpt.tokenizer import Tokenizer, train_tokenizer  # noqa: E402
@@ -233,7 +234,7 @@ def test_rope_scaling_written(tokenizer, tmp_path, overrides, scaling, expected)
     model = model_for(tokenizer, True, **overrides)
     if scaling is not None:
         model.rope_scaling = RopeScaling(scaling[0], 16, scaling[1], scaling[2])
-    rope = gguf_rope(model.config, model.rope_scaling)
+    rope = gguf_rope(model.config, getattr(model, "rope_scaling", None))
     for key, value in expected.items():
         assert rope[key] == pytest.approx(value) if isinstance(value, float) else rope[key] == value, key
     f = fields(GGUFReader(export_gguf(model, tokenizer, tmp_path / "m.gguf")))
@@ -363,7 +364,7 @@ def test_llama_cpp_rope_scaling_in_the_file_equal_ours(tokenizer, tmp_path, meth
     fine_tuned = {"rope_linear_factor": 2.0} if method.startswith("fine-tuned") else {}
     model = model_for(tokenizer, True, seed=3, scale=0.2, n_embd=64, **fine_tuned)
     if method != "fine-tuned linear":
-        model.rope_scaling = RopeScaling(method.split()[-1], train_ctx=16, ctx=64)
+        set_context(model, 64, method.split()[-1])
     llm = llama_cpp_model(export_gguf(model, tokenizer, tmp_path / "m.gguf"), n_ctx=64)
     ids = random_ids(tokenizer, 64, seed=2)
     assert_llama_cpp_matches(llama_cpp_logits(llm, ids), model, ids)
