@@ -4,10 +4,16 @@ The seed, the data, the batches and the schedule are the same for both kinds, so
 embedding is the one difference between two runs. Each kind gets its own run folder
 (checkpoints/pretrain, checkpoints/pretrain-rope), and TensorBoard a run of the same name.
 
+A run is bounded by time (--minutes, 10 by default: the learning rate follows the clock and
+reaches its floor when the time is up, on any device) or by steps (--max-steps: the schedule
+follows the steps, and two runs from the same seed are identical). Matrix products run in
+bfloat16 where the hardware does them natively (--dtype auto), with the weights kept in float32.
+
 Examples:
     python scripts/pretrain.py                       # learned positions, 10 minutes
     python scripts/pretrain.py --rope                # rotary embeddings, same seed and batches
-    python scripts/pretrain.py --rope --resume       # continue an interrupted run
+    python scripts/pretrain.py --rope --resume       # continue an interrupted run (and its clock)
+    python scripts/pretrain.py --rope --max-steps 1000 --compile --json results/pretrain-rope.json
     python scripts/pretrain.py --n-layer 2 --n-embd 64 --n-head 2 --block-size 32 \\
         --batch-size 4 --max-steps 20 --out-dir /tmp/tiny          # a tiny CPU run, seconds
     torchrun --nproc_per_node 2 scripts/pretrain.py --rope      # two processes (DDP)
@@ -21,10 +27,11 @@ import argparse
 import json
 import math
 import os
+import shlex
 import signal
+import statistics
 import sys
 import time
-from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -35,10 +42,16 @@ from mvgpt.bench import machine, tune_malloc  # noqa: E402
 from mvgpt.checkpoint import config_from_dict, read_checkpoint, save_checkpoint  # noqa: E402
 from mvgpt.data import DATA_DIR, data_tokenizer_hash, get_batch, load_tokens  # noqa: E402
 from mvgpt.device import pick_device  # noqa: E402
+from mvgpt.io import write_json  # noqa: E402
 from mvgpt.model import GPT, GPTConfig  # noqa: E402
+from mvgpt.precision import CHOICES as DTYPE_CHOICES  # noqa: E402
+from mvgpt.precision import autocast, dtype_name, resolve_dtype  # noqa: E402
 from mvgpt.rope_scaling import METHODS  # noqa: E402
+from mvgpt.train import configure_optimizer, lr_at  # noqa: E402
 
 EVAL_SEED = 1234  # the held-out batches are the same for every run
+DEFAULT_MINUTES = 10.0  # a run without --max-steps trains this long, as the episode does
+clock = time.perf_counter  # the run's clock (tests drive the schedule with a fake one)
 
 
 def run_name(args: argparse.Namespace) -> str:
@@ -51,27 +64,19 @@ def run_name(args: argparse.Namespace) -> str:
     return name
 
 
-def lr_at(step: int, args: argparse.Namespace) -> float:
-    """Linear warm-up, then cosine decay to lr * min_lr_ratio at max_steps."""
-    if step < args.warmup:
-        return args.lr * (step + 1) / args.warmup
-    progress = min(1.0, (step - args.warmup) / max(1, args.max_steps - args.warmup))
-    return args.lr * (args.min_lr_ratio + (1 - args.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
-
-
 @torch.no_grad()
-def held_out_loss(model: GPT, val, args: argparse.Namespace, device: torch.device, autocast) -> float:
+def held_out_loss(model: GPT, val, args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> float:
     model.eval()
     losses = []
     for i in range(args.eval_batches):
         x, y = get_batch(val, args.batch_size, model.config.block_size, EVAL_SEED, i)
-        with autocast:
+        with autocast(device, dtype):
             losses.append(model(x.to(device), y.to(device))[1].item())
     model.train()
     return sum(losses) / len(losses)
 
 
-def build_model(args: argparse.Namespace) -> tuple[GPT, dict | None]:
+def build_model(args: argparse.Namespace) -> GPT:
     """A new model from the flags, or (--init-from) one from a checkpoint's weights."""
     torch.manual_seed(args.seed)
     if not args.init_from:
@@ -86,7 +91,7 @@ def build_model(args: argparse.Namespace) -> tuple[GPT, dict | None]:
         )
         if args.rope_scaling != "none":
             raise SystemExit("error: --rope-scaling is for a fine-tune to a longer context: add --init-from")
-        return GPT(config), None
+        return GPT(config)
     state = read_checkpoint(args.init_from)
     saved = config_from_dict(state["config"])
     fields = dict(state["config"])
@@ -110,15 +115,17 @@ def build_model(args: argparse.Namespace) -> tuple[GPT, dict | None]:
     model = GPT(config_from_dict(fields))
     model.load_state_dict(state["model"])
     args.rope = model.config.rope
-    return model, state
+    return model
 
 
-def main(argv: list[str] | None = None) -> dict:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rope", action="store_true", help="rotary position embeddings instead of a learned table")
     p.add_argument("--data-dir", default=str(DATA_DIR))
     p.add_argument("--out-dir", help="run folder (default: checkpoints/<kind>)")
     p.add_argument("--runs-dir", default="runs", help="TensorBoard logs, one folder per run")
+    p.add_argument("--json", help="also write the run's summary here (steps, tokens/s, losses)")
+    # the model
     p.add_argument("--n-layer", type=int, default=6)
     p.add_argument("--n-head", type=int, default=6)
     p.add_argument("--n-embd", type=int, default=384)
@@ -127,24 +134,55 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--rope-scaling", default="none", choices=METHODS,
                    help="with --init-from: linear trains with positions divided by --rope-factor")
     p.add_argument("--rope-factor", type=float, help="linear factor (default: new block size / old)")
+    # the optimization
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--min-lr-ratio", type=float, default=0.1, help="final lr as a share of --lr")
     p.add_argument("--warmup", type=int, default=20, help="warm-up steps")
     p.add_argument("--weight-decay", type=float, default=0.1)
-    p.add_argument("--grad-clip", type=float, default=1.0)
-    p.add_argument("--max-steps", type=int, default=200, help="the schedule's length, and a stop")
-    p.add_argument("--minutes", type=float, default=10.0, help="time budget (0: none)")
+    p.add_argument("--grad-clip", type=float, default=1.0, help="gradient norm clip (0: none)")
+    p.add_argument("--max-steps", type=int, help="train this many steps; the schedule follows the steps")
+    p.add_argument("--minutes", type=float,
+                   help=f"time budget; alone, the schedule follows the clock (default {DEFAULT_MINUTES:g} "
+                        "without --max-steps, none with it; 0: none)")
+    p.add_argument("--seed", type=int, default=1337)
+    # evaluation and checkpoints
     p.add_argument("--eval-every", type=int, default=25)
     p.add_argument("--eval-batches", type=int, default=8)
     p.add_argument("--ckpt-every", type=int, default=25)
-    p.add_argument("--seed", type=int, default=1337)
+    # where and how it runs
     p.add_argument("--device", help="cpu, cuda, mps (default: the best present)")
+    p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
+                   help="matrix products in bfloat16 (weights stay float32) or float32; auto: bf16 where native")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--resume", action="store_true", help="continue the run folder's last checkpoint")
     p.add_argument("--init-from", help="start from another run's weights (e.g. for a longer context)")
     p.add_argument("--kill-at-step", type=int, help=argparse.SUPPRESS)  # tests: SIGKILL self after it
     args = p.parse_args(argv)
+    if args.minutes is None:
+        args.minutes = 0.0 if args.max_steps else DEFAULT_MINUTES
+    if not args.minutes and not args.max_steps:
+        p.error("nothing would stop this run: give --max-steps, or --minutes above 0")
+    return args
+
+
+def check_writable(path: str) -> None:
+    """Fail now, not after the whole run, if the summary cannot be written to `path`."""
+    folder = Path(path).resolve().parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".{Path(path).name}.probe{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise SystemExit(f"error: cannot write --json {path} ({e.strerror}): pick a writable path") from None
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    command = shlex.join(["python", "scripts/pretrain.py", *(sys.argv[1:] if argv is None else argv)])
+    if args.json:
+        check_writable(args.json)
 
     distributed = "RANK" in os.environ
     if distributed:
@@ -164,26 +202,21 @@ def main(argv: list[str] | None = None) -> dict:
     master = rank == 0
     if device.type == "cpu":
         tune_malloc()  # glibc keeps freed memory: the kernel stops eating 10-40% of a CPU step
+    dtype = resolve_dtype(args.dtype, device)
+    args.dtype = dtype_name(dtype)  # the dtype used, in the log and the checkpoint's args
 
     data_dir = Path(args.data_dir)
     train, val = load_tokens(data_dir, "train"), load_tokens(data_dir, "val")
     tok_hash = data_tokenizer_hash(data_dir)
     args.vocab_size = json.loads((data_dir / "meta.json").read_text())["vocab_size"]
 
-    model, _ = build_model(args)
+    model = build_model(args)
     name = run_name(args)
     out_dir = Path(args.out_dir or Path("checkpoints") / name)
     log_path = out_dir / "log.jsonl"
     config = model.config
 
-    decay = [p_ for p_ in model.parameters() if p_.dim() >= 2]
-    no_decay = [p_ for p_ in model.parameters() if p_.dim() < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=args.lr,
-        betas=(0.9, 0.95),
-        fused=device.type in ("cpu", "cuda"),
-    )
+    optimizer = configure_optimizer(model, args.lr, args.weight_decay, device)
     step, elapsed = 0, 0.0
     if args.resume:
         state = read_checkpoint(out_dir)
@@ -205,7 +238,6 @@ def main(argv: list[str] | None = None) -> dict:
         from torch.nn.parallel import DistributedDataParallel
 
         train_model = DistributedDataParallel(train_model, device_ids=[device.index] if device.type == "cuda" else None)
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
 
     writer = None
     if master:
@@ -213,7 +245,8 @@ def main(argv: list[str] | None = None) -> dict:
 
         writer = SummaryWriter(str(Path(args.runs_dir) / out_dir.name), purge_step=step + 1 if step else None)
         out_dir.mkdir(parents=True, exist_ok=True)
-        print(f"{name}: {model.num_params():,} parameters, {config}, on {device}, {world} process(es)")
+        print(f"{name}: {model.num_params():,} parameters, {config}, on {device} in {args.dtype}, "
+              f"{world} process(es)")
 
     stop = {"signal": None}
 
@@ -238,20 +271,21 @@ def main(argv: list[str] | None = None) -> dict:
         tokens_per_step = args.batch_size * config.block_size * world
         where = machine(device)
         budget = args.minutes * 60 if args.minutes else float("inf")
+        max_steps = args.max_steps or math.inf
         val_loss, evaluated_at = None, None
         from tqdm import tqdm
 
         bar = tqdm(total=args.max_steps, initial=step, disable=None if master else True, unit="step",
                    dynamic_ncols=True)
         model.train()
-        run_tokens, run_time = 0, 0.0
-        while step < args.max_steps and elapsed < budget:
-            t0 = time.perf_counter()
-            lr = lr_at(step, args)
+        speeds, evals = [], []
+        while step < max_steps and elapsed < budget:
+            t0 = clock()
+            lr = lr_at(step, args.lr, args.warmup, args.min_lr_ratio, args.max_steps, elapsed, budget)
             for group in optimizer.param_groups:
                 group["lr"] = lr
             x, y = get_batch(train, args.batch_size, config.block_size, args.seed, step, rank)
-            with autocast:
+            with autocast(device, dtype):
                 _, loss = train_model(x.to(device), y.to(device))
             if not math.isfinite(loss.item()):
                 raise SystemExit(
@@ -269,26 +303,26 @@ def main(argv: list[str] | None = None) -> dict:
                 stats = torch.tensor([loss_value], device=device)
                 dist.all_reduce(stats)
                 loss_value = stats.item() / world
-            dt = time.perf_counter() - t0
+            dt = clock() - t0
             elapsed += dt
-            run_tokens, run_time = run_tokens + tokens_per_step, run_time + dt
-            tokens_per_s = tokens_per_step / dt
+            speeds.append(tokens_per_step / dt)
             record = {"step": step, "loss": loss_value, "lr": lr, "tokens": step * tokens_per_step,
-                      "tokens_per_s": tokens_per_s, "elapsed": elapsed}
+                      "tokens_per_s": speeds[-1], "elapsed": elapsed}
             if step % args.eval_every == 0 or step == args.max_steps:
-                t1 = time.perf_counter()
-                val_loss = held_out_loss(model, val, args, device, autocast)
-                elapsed += time.perf_counter() - t1
-                record["val_loss"], evaluated_at = val_loss, step
+                t1 = clock()
+                val_loss = held_out_loss(model, val, args, device, dtype)
+                elapsed += clock() - t1  # the budget is wall time: evaluations count
+                record["val_loss"], record["elapsed"], evaluated_at = val_loss, elapsed, step
                 record["machine"] = where
+                evals.append({"step": step, "val_loss": val_loss, "train_loss": loss_value})
             log(record)
             if writer:
                 writer.add_scalar("loss/train", loss_value, step)
                 writer.add_scalar("lr", lr, step)
-                writer.add_scalar("tokens_per_s", tokens_per_step / dt, step)
+                writer.add_scalar("tokens_per_s", speeds[-1], step)
                 if "val_loss" in record:
                     writer.add_scalar("loss/held_out", val_loss, step)
-            bar.set_postfix(loss=f"{loss_value:.3f}", tok_s=f"{tokens_per_step / dt:,.0f}")
+            bar.set_postfix(loss=f"{loss_value:.3f}", tok_s=f"{speeds[-1]:,.0f}", min=f"{elapsed / 60:.1f}")
             bar.update(1)
             if distributed:  # every rank stops at the same step: rank 0's clock and signals decide
                 flag = torch.tensor([float(elapsed >= budget), float(stop["signal"] is not None)], device=device)
@@ -309,27 +343,39 @@ def main(argv: list[str] | None = None) -> dict:
                 raise SystemExit(130 if stop["signal"] == signal.SIGINT else 143)
         bar.close()
         if evaluated_at != step:
-            val_loss = held_out_loss(model, val, args, device, autocast)
+            t1 = clock()
+            val_loss = held_out_loss(model, val, args, device, dtype)
+            elapsed += clock() - t1
             log({"step": step, "val_loss": val_loss, "elapsed": elapsed, "machine": where})
+            evals.append({"step": step, "val_loss": val_loss, "train_loss": loss_value if speeds else None})
             if writer:
                 writer.add_scalar("loss/held_out", val_loss, step)
         save(val_loss)
         summary = {
+            "command": command,
+            "machine": where,
             "run": name,
+            "kind": "rope" if config.rope else "learned",
+            "dtype": args.dtype,
             "steps": step,
             "tokens": step * tokens_per_step,
-            "tokens_per_s": run_tokens / run_time if run_time else 0.0,
+            "seconds": elapsed,
+            "tokens_per_s": statistics.median(speeds) if speeds else 0.0,  # this process's steps, not eval
+            "evals": evals,
             "val_loss": val_loss,
             "params": model.num_params(),
             "minutes": elapsed / 60,
+            "args": vars(args),
         }
         if master:
             writer.close()
             print(
-                f"{name}: {step} steps, {summary['tokens']:,} tokens, {summary['tokens_per_s']:,.0f} tokens/s, "
-                f"held-out loss {val_loss:.4f}, {summary['params']:,} parameters, {summary['minutes']:.1f} min "
-                f"-> {out_dir}"
+                f"{name}: {step} steps, {summary['tokens']:,} tokens, {summary['tokens_per_s']:,.0f} tokens/s "
+                f"({args.dtype}), held-out loss {val_loss:.4f}, {summary['params']:,} parameters, "
+                f"{summary['minutes']:.1f} min -> {out_dir}"
             )
+            if args.json:
+                write_json(args.json, summary)
         if distributed:
             dist.destroy_process_group()
         return summary
