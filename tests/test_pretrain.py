@@ -59,15 +59,20 @@ def test_same_seed_same_losses_and_both_kinds_share_batches(root):
 
 
 def test_kill_and_resume_continues_as_if_never_stopped(root):
-    train(root, "whole", "--max-steps", "6", "--ckpt-every", "2")
-    args = run_args(root, "split", "--max-steps", "6", "--ckpt-every", "2")
-    killed = script(*args, "--kill-at-step", "5")
+    args = run_args(root, "split", "--max-steps", "300", "--ckpt-every", "2", "--eval-every", "100")
+    killed = script(*args)
+    for line in killed.stdout:  # kill -9 from outside as soon as a checkpoint is on disk
+        if "checkpoint saved" in line:
+            killed.kill()
+            break
     killed.communicate(timeout=120)
     assert killed.returncode == -signal.SIGKILL
-    assert read_checkpoint(root / "split")["step"] == 4  # step 5 was lost with the kill
-    pretrain.main([*args, "--resume"])
+    at = read_checkpoint(root / "split")["step"]
+    assert 2 <= at < 300 and not (root / "split" / "ckpt.pt.tmp").exists()
+    pretrain.main([*args, "--resume"])  # the dead process's lock is taken over
+    train(root, "whole", "--max-steps", "300", "--ckpt-every", "2", "--eval-every", "100")
     whole, split = losses(root / "whole"), losses(root / "split")
-    assert len(split) == 6
+    assert len(split) == 300
     torch.testing.assert_close(torch.tensor(split), torch.tensor(whole), atol=1e-6, rtol=0)
     a, b = read_checkpoint(root / "whole"), read_checkpoint(root / "split")
     for name, value in a["model"].items():
@@ -230,3 +235,90 @@ def test_an_unwritable_json_path_fails_before_training(root, capsys):
     with pytest.raises(SystemExit, match="cannot write --json"):
         train(root, "w", "--max-steps", "4", "--json", str(root / "file" / "run.json"))
     assert not (root / "w").exists()
+
+
+BAD_FLAGS = [
+    ["--batch-size", "0"], ["--eval-every", "0"], ["--ckpt-every", "0"], ["--seed", "-1"], ["--lr", "nan"],
+    ["--lr", "0"], ["--grad-clip", "-1"], ["--min-lr-ratio", "-3"], ["--min-lr-ratio", "1.5"], ["--block-size", "0"],
+    ["--minutes", "nan"], ["--minutes", "-1"], ["--minutes", "inf"], ["--max-steps", "0"], ["--warmup", "-1"],
+    ["--eval-batches", "0"], ["--weight-decay", "-0.1"], ["--n-head", "5"], ["--rope-factor", "0"],
+    ["--minutes", "0", "--max-steps", "-5"], ["--dtype", "float16"], ["--resume", "--overwrite"],
+]
+
+
+@pytest.mark.parametrize("bad", BAD_FLAGS, ids=lambda bad: " ".join(bad))
+def test_a_bad_flag_is_one_line_and_exit_2_before_any_work(root, capsys, bad):
+    (root / "old").mkdir()
+    (root / "old" / "ckpt.pt").write_bytes(b"a run")  # nothing may touch it
+    (root / "old" / "log.jsonl").write_text("{}\n")
+    with pytest.raises(SystemExit) as e:
+        pretrain.main([*run_args(root, "old"), *bad])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.strip().splitlines()) == 1 and "error:" in err, err
+    assert (root / "old" / "ckpt.pt").read_bytes() == b"a run" and (root / "old" / "log.jsonl").read_text() == "{}\n"
+
+
+def test_a_bad_flag_from_the_command_line_has_no_traceback(root):
+    done = script(*run_args(root, "x", "--lr", "nan"))
+    out, _ = done.communicate(timeout=120)
+    assert done.returncode == 2 and out.count("\n") == 1 and "--lr nan is not a finite number" in out, out
+    assert not (root / "x").exists()
+
+
+def test_a_run_folder_with_a_checkpoint_needs_resume_or_overwrite(root):
+    train(root, "kept", "--max-steps", "2")
+    before = (root / "kept" / "ckpt.pt").read_bytes(), (root / "kept" / "log.jsonl").read_text()
+    with pytest.raises(SystemExit, match="holds a run already: continue it with --resume"):
+        train(root, "kept", "--max-steps", "1")
+    assert ((root / "kept" / "ckpt.pt").read_bytes(), (root / "kept" / "log.jsonl").read_text()) == before
+    assert train(root, "kept", "--max-steps", "1", "--overwrite")["steps"] == 1
+    assert read_checkpoint(root / "kept")["step"] == 1 and len(losses(root / "kept")) == 1
+
+
+def test_a_live_run_folder_is_locked_and_a_dead_ones_lock_is_taken_over(root, capsys):
+    (root / "busy").mkdir()
+    (root / "busy" / "lock").write_text(str(os.getpid()))  # a live process holds it: this one
+    with pytest.raises(SystemExit, match="in use by process"):
+        train(root, "busy", "--max-steps", "1")
+    assert not (root / "busy" / "ckpt.pt").exists() and (root / "busy" / "lock").exists()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (root / "busy" / "lock").write_text(str(dead.pid))  # a process that is gone
+    assert train(root, "busy", "--max-steps", "1")["steps"] == 1
+    assert f"left by process {dead.pid}, which is gone" in capsys.readouterr().out
+    assert not (root / "busy" / "lock").exists()  # released at the end
+
+
+def test_non_finite_weights_are_never_saved(root, monkeypatch):
+    real = pretrain.configure_optimizer
+
+    def blows_up_at_step_3(model, *args, **kwargs):
+        optimizer = real(model, *args, **kwargs)
+        step = optimizer.step
+
+        def broken_step(*a, **k):
+            step(*a, **k)
+            if optimizer.state[model.wte.weight]["step"] == 3:  # the third update makes a weight inf
+                with torch.no_grad():
+                    model.wte.weight[0, 0] = math.inf
+
+        optimizer.step = broken_step
+        return optimizer
+
+    monkeypatch.setattr(pretrain, "configure_optimizer", blows_up_at_step_3)
+    with pytest.raises(SystemExit, match="non-finite at step 3: stopping; the last good checkpoint"):
+        train(root, "inf", "--max-steps", "10", "--ckpt-every", "1")
+    state = read_checkpoint(root / "inf")
+    assert state["step"] == 2 and all(torch.isfinite(v).all() for v in state["model"].values())
+
+
+def test_another_tokenizers_data_is_refused_on_resume_and_init_from(root, tmp_path):
+    train(root, "t", "--max-steps", "2", "--rope")
+    state = read_checkpoint(root / "t")
+    state["tokenizer_hash"] = "another"
+    torch.save(state, root / "t" / "ckpt.pt")
+    with pytest.raises(SystemExit, match="trained with tokenizer another"):
+        train(root, "t", "--max-steps", "4", "--rope", "--resume")
+    with pytest.raises(SystemExit, match="trained with tokenizer another"):
+        train(root, "u", "--max-steps", "1", "--init-from", str(root / "t"))
+    assert read_checkpoint(root / "t")["tokenizer_hash"] == "another" and not (root / "u" / "ckpt.pt").exists()
