@@ -90,7 +90,8 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     """
     d = x.shape[-1] // 2
     x1, x2 = x[..., :d], x[..., d:]
-    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+    turned = torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)  # float32, as the table
+    return turned.type_as(x)  # a bf16 model's queries and keys stay bf16
 
 
 class RotaryTable(nn.Module):

@@ -31,7 +31,6 @@ from dataclasses import dataclass, replace
 import torch
 
 SCALING_METHODS = ("none", "linear", "linear-when-needed", "pr-nonlinear", "ntk", "dynamic-ntk", "yarn")
-METHODS = SCALING_METHODS  # the old name, until pretrain.py and main.py import SCALING_METHODS
 
 
 @dataclass(frozen=True)

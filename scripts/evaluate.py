@@ -7,7 +7,12 @@ per token, perplexity exp(loss), accuracy how often the likeliest token is the r
 Examples:
     python scripts/evaluate.py checkpoints/pretrain checkpoints/pretrain-rope
     python scripts/evaluate.py checkpoints/* --tokens 50000 --json results/evaluate.json
+    python scripts/evaluate.py checkpoints/pretrain-rope --dtype auto     # and bf16 vs float32
     python scripts/evaluate.py /tmp/tiny --data-dir /tmp/tinydata --device cpu   # a tiny CPU run
+
+With --dtype bfloat16 (or auto, on hardware with native bf16) the matrix products run in bf16
+under autocast, and each model is read in float32 too: the table gives the difference, which a
+mixed-precision reading should keep within 0.01 nats.
 """
 
 from __future__ import annotations
@@ -31,10 +36,13 @@ from mvgpt.data import DATA_DIR, data_tokenizer_hash, load_tokens  # noqa: E402
 from mvgpt.device import pick_device  # noqa: E402
 from mvgpt.io import write_json  # noqa: E402
 from mvgpt.model import GPT  # noqa: E402
+from mvgpt.precision import CHOICES as DTYPE_CHOICES  # noqa: E402
+from mvgpt.precision import autocast, dtype_name, resolve_dtype  # noqa: E402
 
 
 @torch.no_grad()
-def evaluate(model: GPT, tokens, device: torch.device, max_tokens: int | None = None, batch_size: int = 8) -> dict:
+def evaluate(model: GPT, tokens, device: torch.device, max_tokens: int | None = None, batch_size: int = 8,
+             dtype: torch.dtype = torch.float32) -> dict:
     """{loss, perplexity, accuracy, tokens} over windows of the model's context (+ 1) tokens."""
     T = model.context
     n_windows = (len(tokens) - 1) // T
@@ -47,7 +55,8 @@ def evaluate(model: GPT, tokens, device: torch.device, max_tokens: int | None = 
         rows = [tokens[j * T : j * T + T + 1] for j in range(i, min(i + batch_size, n_windows))]
         batch = torch.from_numpy(np.stack(rows).astype(np.int64)).to(device)
         x, y = batch[:, :-1], batch[:, 1:]
-        logits, _ = model(x)
+        with autocast(device, dtype):
+            logits, _ = model(x)
         logits = logits.float()
         total_loss += F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="sum").item()
         correct += (logits.argmax(-1) == y).sum().item()
@@ -64,24 +73,33 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--device", help="cpu, cuda, mps (default: the best present)")
     p.add_argument("--json", help="also write the table here")
+    p.add_argument("--dtype", default="float32", choices=DTYPE_CHOICES,
+                   help="matrix products in bf16 (then float32 too, for the difference) or float32")
     add_context_args(p)
     args = p.parse_args(argv)
 
     device = pick_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
     val = load_tokens(args.data_dir, "val")
     tok_hash = data_tokenizer_hash(args.data_dir)
     rows = []
-    print(f"{'model':<28} {'params':>12} {'loss':>8} {'perplexity':>11} {'accuracy':>9}")
+    mixed = dtype != torch.float32
+    print(f"{'model':<28} {'params':>12} {'loss':>8} {'perplexity':>11} {'accuracy':>9}"
+          + (f" {'vs float32':>11}" if mixed else ""))
     for path in args.checkpoints:
         model, _ = load_model(path, device, tok_hash)
         apply_context_args(model, args)
         row = {"model": Path(path).name, "params": model.num_params(), "context": model.context,
-               "rope_scaling": args.rope_scaling}
-        row.update(evaluate(model, val, device, args.tokens, args.batch_size))
+               "rope_scaling": args.rope_scaling, "dtype": dtype_name(dtype)}
+        row.update(evaluate(model, val, device, args.tokens, args.batch_size, dtype))
+        if mixed:  # the same windows in float32: what bf16 products cost in loss
+            row["loss_float32"] = evaluate(model, val, device, args.tokens, args.batch_size)["loss"]
+            row["loss_difference"] = row["loss"] - row["loss_float32"]
         rows.append(row)
         print(
             f"{row['model']:<28} {row['params']:>12,} {row['loss']:>8.4f} "
             f"{row['perplexity']:>11.3f} {row['accuracy']:>9.2%}"
+            + (f" {row['loss_difference']:>+11.4f}" if mixed else "")
         )
     print(f"({rows[0]['tokens']:,} held-out tokens per model)")
     if args.json:

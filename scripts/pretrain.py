@@ -4,10 +4,16 @@ The seed, the data, the batches and the schedule are the same for both kinds, so
 embedding is the one difference between two runs. Each kind gets its own run folder
 (checkpoints/pretrain, checkpoints/pretrain-rope), and TensorBoard a run of the same name.
 
+A run is bounded by time (--minutes, 10 by default: the learning rate follows the clock and
+reaches its floor when the time is up, on any device) or by steps (--max-steps: the schedule
+follows the steps, and two runs from the same seed are identical). Matrix products run in
+bfloat16 where the hardware does them natively (--dtype auto), with the weights kept in float32.
+
 Examples:
     python scripts/pretrain.py                       # learned positions, 10 minutes
     python scripts/pretrain.py --rope                # rotary embeddings, same seed and batches
-    python scripts/pretrain.py --rope --resume       # continue an interrupted run
+    python scripts/pretrain.py --rope --resume       # continue an interrupted run (and its clock)
+    python scripts/pretrain.py --rope --max-steps 1000 --compile --json results/pretrain-rope.json
     python scripts/pretrain.py --n-layer 2 --n-embd 64 --n-head 2 --block-size 32 \\
         --batch-size 4 --max-steps 20 --out-dir /tmp/tiny          # a tiny CPU run, seconds
     torchrun --nproc_per_node 2 scripts/pretrain.py --rope      # two processes (DDP)
@@ -21,24 +27,144 @@ import argparse
 import json
 import math
 import os
+import shlex
 import signal
+import statistics
 import sys
 import time
 from contextlib import nullcontext
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.tensorboard import SummaryWriter
+from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mvgpt.bench import machine, tune_malloc  # noqa: E402
-from mvgpt.checkpoint import config_from_dict, read_checkpoint, save_checkpoint  # noqa: E402
+from mvgpt.bench import machine  # noqa: E402
+from mvgpt.checkpoint import CHECKPOINT_NAME, config_from_dict, read_checkpoint, save_checkpoint  # noqa: E402
 from mvgpt.data import DATA_DIR, data_tokenizer_hash, get_batch, load_tokens  # noqa: E402
 from mvgpt.device import pick_device  # noqa: E402
+from mvgpt.io import write_json  # noqa: E402
 from mvgpt.model import GPT, GPTConfig  # noqa: E402
-from mvgpt.rope_scaling import METHODS  # noqa: E402
+from mvgpt.perf import tune_malloc  # noqa: E402
+from mvgpt.precision import CHOICES as DTYPE_CHOICES  # noqa: E402
+from mvgpt.precision import autocast, dtype_name, resolve_dtype  # noqa: E402
+from mvgpt.rope_scaling import SCALING_METHODS  # noqa: E402
+from mvgpt.train import configure_optimizer, lr_at  # noqa: E402
 
 EVAL_SEED = 1234  # the held-out batches are the same for every run
+DEFAULT_MINUTES = 10.0  # a run without --max-steps trains this long, as the episode does
+clock = time.perf_counter  # the run's clock (tests drive the schedule with a fake one)
+
+
+# ----------------------------------------------------------------------------------------------
+# The command line: every value checked before any work
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, not the usage block
+        sys.stderr.write(f"{self.prog}: error: {message} (see --help)\n")
+        raise SystemExit(2)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rope", action="store_true", help="rotary position embeddings instead of a learned table")
+    p.add_argument("--data-dir", default=str(DATA_DIR))
+    p.add_argument("--out-dir", help="run folder (default: checkpoints/<kind>)")
+    p.add_argument("--runs-dir", default="runs", help="TensorBoard logs, one folder per run")
+    p.add_argument("--json", help="also write the run's summary here (steps, tokens/s, losses)")
+    # the model
+    p.add_argument("--n-layer", type=int, default=6)
+    p.add_argument("--n-head", type=int, default=6)
+    p.add_argument("--n-embd", type=int, default=384)
+    p.add_argument("--block-size", type=int, help="training context (default 256, or the checkpoint's)")
+    p.add_argument("--rope-theta", type=float, default=10000.0)
+    p.add_argument("--rope-scaling", default="none", choices=SCALING_METHODS,
+                   help="with --init-from: linear trains with positions divided by --rope-factor")
+    p.add_argument("--rope-factor", type=float, help="linear factor (default: new block size / old)")
+    # the optimization
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--min-lr-ratio", type=float, default=0.1, help="final lr as a share of --lr")
+    p.add_argument("--warmup", type=int, default=20, help="warm-up steps")
+    p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--grad-clip", type=float, default=1.0, help="gradient norm clip (0: none)")
+    p.add_argument("--max-steps", type=int, help="train this many steps; the schedule follows the steps")
+    p.add_argument("--minutes", type=float,
+                   help=f"time budget; alone, the schedule follows the clock (default {DEFAULT_MINUTES:g} "
+                        "without --max-steps, none with it; 0: none)")
+    p.add_argument("--seed", type=int, default=1337)
+    # evaluation and checkpoints
+    p.add_argument("--eval-every", type=int, default=25)
+    p.add_argument("--eval-batches", type=int, default=8)
+    p.add_argument("--ckpt-every", type=int, default=25)
+    # where and how it runs
+    p.add_argument("--device", help="cpu, cuda, mps (default: the best present)")
+    p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
+                   help="matrix products in bfloat16 (weights stay float32) or float32; auto: bf16 where native")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument("--resume", action="store_true", help="continue the run folder's last checkpoint")
+    p.add_argument("--overwrite", action="store_true", help="start again in a run folder that has a checkpoint")
+    p.add_argument("--init-from", help="start from another run's weights (e.g. for a longer context)")
+    args = p.parse_args(argv)
+    problem = check_args(args)
+    if problem:
+        p.error(problem)
+    if args.minutes is None:
+        args.minutes = 0.0 if args.max_steps else DEFAULT_MINUTES
+    return args
+
+
+def check_args(args: argparse.Namespace) -> str | None:
+    """The first flag out of range, as a message naming it and the fix; None if all are sane."""
+    at_least = {"n_layer": 1, "n_head": 1, "n_embd": 1, "block_size": 1, "batch_size": 1, "warmup": 0,
+                "max_steps": 1, "eval_every": 1, "eval_batches": 1, "ckpt_every": 1, "seed": 0}
+    for name, low in at_least.items():
+        value = getattr(args, name)
+        if value is not None and value < low:
+            return f"--{name.replace('_', '-')} {value} must be at least {low}"
+    ranges = {"lr": (0, math.inf, False), "min_lr_ratio": (0, 1, True), "weight_decay": (0, math.inf, True),
+              "grad_clip": (0, math.inf, True), "minutes": (0, math.inf, True), "rope_theta": (0, math.inf, False),
+              "rope_factor": (0, math.inf, False)}
+    for name, (low, high, closed) in ranges.items():
+        value = getattr(args, name)
+        if value is None:
+            continue
+        flag = f"--{name.replace('_', '-')}"
+        if not math.isfinite(value):
+            return f"{flag} {value} is not a finite number"
+        if value > high or value < low or (value == low and not closed):
+            return f"{flag} {value} must be {'at least' if closed else 'above'} {low:g}" + (
+                f" and at most {high:g}" if high < math.inf else "")
+    if args.n_embd % args.n_head:
+        return f"--n-embd {args.n_embd} must be a multiple of --n-head {args.n_head}"
+    if args.rope and (args.n_embd // args.n_head) % 2:
+        return f"--rope needs an even head size (--n-embd / --n-head), got {args.n_embd // args.n_head}"
+    if args.minutes == 0 and not args.max_steps:
+        return "nothing would stop this run: give --max-steps, or --minutes above 0"
+    if args.resume and args.overwrite:
+        return "--resume and --overwrite contradict each other: pick one"
+    return None
+
+
+def check_writable(path: str) -> None:
+    """Fail now, not after the whole run, if the summary cannot be written to `path`."""
+    folder = Path(path).resolve().parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".{Path(path).name}.probe{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise SystemExit(f"error: cannot write --json {path} ({e.strerror}): pick a writable path") from None
+
+
+# ----------------------------------------------------------------------------------------------
+# The model and its starting point
 
 
 def run_name(args: argparse.Namespace) -> str:
@@ -51,43 +177,23 @@ def run_name(args: argparse.Namespace) -> str:
     return name
 
 
-def lr_at(step: int, args: argparse.Namespace) -> float:
-    """Linear warm-up, then cosine decay to lr * min_lr_ratio at max_steps."""
-    if step < args.warmup:
-        return args.lr * (step + 1) / args.warmup
-    progress = min(1.0, (step - args.warmup) / max(1, args.max_steps - args.warmup))
-    return args.lr * (args.min_lr_ratio + (1 - args.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+def check_tokenizer(state: dict, tok_hash: str | None, path: str | Path) -> None:
+    saved = state.get("tokenizer_hash")
+    if saved is not None and tok_hash is not None and saved != tok_hash:
+        raise SystemExit(f"error: {path} was trained with tokenizer {saved}, but the data has {tok_hash}: "
+                         "pass the --data-dir it was trained on")
 
 
-@torch.no_grad()
-def held_out_loss(model: GPT, val, args: argparse.Namespace, device: torch.device, autocast) -> float:
-    model.eval()
-    losses = []
-    for i in range(args.eval_batches):
-        x, y = get_batch(val, args.batch_size, model.config.block_size, EVAL_SEED, i)
-        with autocast:
-            losses.append(model(x.to(device), y.to(device))[1].item())
-    model.train()
-    return sum(losses) / len(losses)
-
-
-def build_model(args: argparse.Namespace) -> tuple[GPT, dict | None]:
+def build_model(args: argparse.Namespace, tok_hash: str | None = None) -> GPT:
     """A new model from the flags, or (--init-from) one from a checkpoint's weights."""
     torch.manual_seed(args.seed)
     if not args.init_from:
-        config = GPTConfig(
-            vocab_size=args.vocab_size,
-            block_size=args.block_size or 256,
-            n_layer=args.n_layer,
-            n_head=args.n_head,
-            n_embd=args.n_embd,
-            rope=args.rope,
-            rope_theta=args.rope_theta,
-        )
         if args.rope_scaling != "none":
             raise SystemExit("error: --rope-scaling is for a fine-tune to a longer context: add --init-from")
-        return GPT(config), None
+        return GPT(GPTConfig(vocab_size=args.vocab_size, block_size=args.block_size or 256, n_layer=args.n_layer,
+                             n_head=args.n_head, n_embd=args.n_embd, rope=args.rope, rope_theta=args.rope_theta))
     state = read_checkpoint(args.init_from)
+    check_tokenizer(state, tok_hash, args.init_from)
     saved = config_from_dict(state["config"])
     fields = dict(state["config"])
     if args.rope_scaling == "linear":  # positions divided by the factor from now on, in training too
@@ -110,232 +216,32 @@ def build_model(args: argparse.Namespace) -> tuple[GPT, dict | None]:
     model = GPT(config_from_dict(fields))
     model.load_state_dict(state["model"])
     args.rope = model.config.rope
-    return model, state
+    return model
 
 
-def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rope", action="store_true", help="rotary position embeddings instead of a learned table")
-    p.add_argument("--data-dir", default=str(DATA_DIR))
-    p.add_argument("--out-dir", help="run folder (default: checkpoints/<kind>)")
-    p.add_argument("--runs-dir", default="runs", help="TensorBoard logs, one folder per run")
-    p.add_argument("--n-layer", type=int, default=6)
-    p.add_argument("--n-head", type=int, default=6)
-    p.add_argument("--n-embd", type=int, default=384)
-    p.add_argument("--block-size", type=int, help="training context (default 256, or the checkpoint's)")
-    p.add_argument("--rope-theta", type=float, default=10000.0)
-    p.add_argument("--rope-scaling", default="none", choices=METHODS,
-                   help="with --init-from: linear trains with positions divided by --rope-factor")
-    p.add_argument("--rope-factor", type=float, help="linear factor (default: new block size / old)")
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--min-lr-ratio", type=float, default=0.1, help="final lr as a share of --lr")
-    p.add_argument("--warmup", type=int, default=20, help="warm-up steps")
-    p.add_argument("--weight-decay", type=float, default=0.1)
-    p.add_argument("--grad-clip", type=float, default=1.0)
-    p.add_argument("--max-steps", type=int, default=200, help="the schedule's length, and a stop")
-    p.add_argument("--minutes", type=float, default=10.0, help="time budget (0: none)")
-    p.add_argument("--eval-every", type=int, default=25)
-    p.add_argument("--eval-batches", type=int, default=8)
-    p.add_argument("--ckpt-every", type=int, default=25)
-    p.add_argument("--seed", type=int, default=1337)
-    p.add_argument("--device", help="cpu, cuda, mps (default: the best present)")
-    p.add_argument("--compile", action="store_true", help="torch.compile the model")
-    p.add_argument("--resume", action="store_true", help="continue the run folder's last checkpoint")
-    p.add_argument("--init-from", help="start from another run's weights (e.g. for a longer context)")
-    p.add_argument("--kill-at-step", type=int, help=argparse.SUPPRESS)  # tests: SIGKILL self after it
-    args = p.parse_args(argv)
+def start_or_resume(
+    args: argparse.Namespace, out_dir: Path, model: GPT, optimizer, tok_hash: str | None, master: bool
+) -> tuple[int, float]:
+    """(step, elapsed seconds) to start from: the checkpoint's with --resume, else 0 in a fresh folder.
 
-    distributed = "RANK" in os.environ
-    if distributed:
-        import torch.distributed as dist
-
-        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        local_rank = int(os.environ.get("LOCAL_RANK", 0))
-        if args.device is None and torch.cuda.is_available():
-            args.device = f"cuda:{local_rank}"
-        device = pick_device(args.device)
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    else:
-        rank, world = 0, 1
-        device = pick_device(args.device)
-    master = rank == 0
-    if device.type == "cpu":
-        tune_malloc()  # glibc keeps freed memory: the kernel stops eating 10-40% of a CPU step
-
-    data_dir = Path(args.data_dir)
-    train, val = load_tokens(data_dir, "train"), load_tokens(data_dir, "val")
-    tok_hash = data_tokenizer_hash(data_dir)
-    args.vocab_size = json.loads((data_dir / "meta.json").read_text())["vocab_size"]
-
-    model, _ = build_model(args)
-    name = run_name(args)
-    out_dir = Path(args.out_dir or Path("checkpoints") / name)
-    log_path = out_dir / "log.jsonl"
-    config = model.config
-
-    decay = [p_ for p_ in model.parameters() if p_.dim() >= 2]
-    no_decay = [p_ for p_ in model.parameters() if p_.dim() < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=args.lr,
-        betas=(0.9, 0.95),
-        fused=device.type in ("cpu", "cuda"),
-    )
-    step, elapsed = 0, 0.0
-    if args.resume:
-        state = read_checkpoint(out_dir)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        step, elapsed = state["step"], state["elapsed"]
-        torch.set_rng_state(state["rng"])
+    A folder that holds a checkpoint is someone's run: only --resume or --overwrite may touch it.
+    """
+    if not args.resume:
+        if (out_dir / CHECKPOINT_NAME).exists() and not args.overwrite:
+            raise SystemExit(f"error: {out_dir} holds a run already: continue it with --resume, start it again "
+                             "with --overwrite, or pick another --out-dir")
         if master:
-            truncate_log(log_path, step)
-            print(f"resuming {out_dir} at step {step} ({elapsed / 60:.1f} minutes done)")
-    elif master and log_path.exists():
-        log_path.unlink()
-    model.to(device)
-
-    train_model = model
-    if args.compile:
-        train_model = torch.compile(model)
-    if distributed:
-        from torch.nn.parallel import DistributedDataParallel
-
-        train_model = DistributedDataParallel(train_model, device_ids=[device.index] if device.type == "cuda" else None)
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
-
-    writer = None
+            (out_dir / "log.jsonl").unlink(missing_ok=True)
+        return 0, 0.0
+    state = read_checkpoint(out_dir)
+    check_tokenizer(state, tok_hash, out_dir)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    torch.set_rng_state(state["rng"])
     if master:
-        from torch.utils.tensorboard import SummaryWriter
-
-        writer = SummaryWriter(str(Path(args.runs_dir) / out_dir.name), purge_step=step + 1 if step else None)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        print(f"{name}: {model.num_params():,} parameters, {config}, on {device}, {world} process(es)")
-
-    stop = {"signal": None}
-
-    def on_signal(signum, frame):
-        stop["signal"] = signum
-
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-
-        def save(val_loss: float | None = None) -> None:
-            if master:
-                save_checkpoint(
-                    out_dir, model, optimizer=optimizer.state_dict(), step=step, elapsed=elapsed,
-                    rng=torch.get_rng_state(), tokenizer_hash=tok_hash, args=vars(args), val_loss=val_loss,
-                )
-
-        def log(record: dict) -> None:
-            if master:
-                with open(log_path, "a") as f:
-                    f.write(json.dumps(record) + "\n")
-
-        tokens_per_step = args.batch_size * config.block_size * world
-        where = machine(device)
-        budget = args.minutes * 60 if args.minutes else float("inf")
-        val_loss, evaluated_at = None, None
-        from tqdm import tqdm
-
-        bar = tqdm(total=args.max_steps, initial=step, disable=None if master else True, unit="step",
-                   dynamic_ncols=True)
-        model.train()
-        run_tokens, run_time = 0, 0.0
-        while step < args.max_steps and elapsed < budget:
-            t0 = time.perf_counter()
-            lr = lr_at(step, args)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            x, y = get_batch(train, args.batch_size, config.block_size, args.seed, step, rank)
-            with autocast:
-                _, loss = train_model(x.to(device), y.to(device))
-            if not math.isfinite(loss.item()):
-                raise SystemExit(
-                    f"error: loss became {loss.item()} at step {step}: stopping; the last good checkpoint in "
-                    f"{out_dir} is kept (try a lower --lr)"
-                )
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if args.grad_clip:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
-            optimizer.step()
-            step += 1
-            loss_value = loss.item()
-            if distributed:
-                stats = torch.tensor([loss_value], device=device)
-                dist.all_reduce(stats)
-                loss_value = stats.item() / world
-            dt = time.perf_counter() - t0
-            elapsed += dt
-            run_tokens, run_time = run_tokens + tokens_per_step, run_time + dt
-            tokens_per_s = tokens_per_step / dt
-            record = {"step": step, "loss": loss_value, "lr": lr, "tokens": step * tokens_per_step,
-                      "tokens_per_s": tokens_per_s, "elapsed": elapsed}
-            if step % args.eval_every == 0 or step == args.max_steps:
-                t1 = time.perf_counter()
-                val_loss = held_out_loss(model, val, args, device, autocast)
-                elapsed += time.perf_counter() - t1
-                record["val_loss"], evaluated_at = val_loss, step
-                record["machine"] = where
-            log(record)
-            if writer:
-                writer.add_scalar("loss/train", loss_value, step)
-                writer.add_scalar("lr", lr, step)
-                writer.add_scalar("tokens_per_s", tokens_per_step / dt, step)
-                if "val_loss" in record:
-                    writer.add_scalar("loss/held_out", val_loss, step)
-            bar.set_postfix(loss=f"{loss_value:.3f}", tok_s=f"{tokens_per_step / dt:,.0f}")
-            bar.update(1)
-            if distributed:  # every rank stops at the same step: rank 0's clock and signals decide
-                flag = torch.tensor([float(elapsed >= budget), float(stop["signal"] is not None)], device=device)
-                dist.broadcast(flag, 0)
-                if flag[0]:
-                    elapsed = budget
-                if flag[1] and stop["signal"] is None:
-                    stop["signal"] = signal.SIGTERM
-            if step % args.ckpt_every == 0:
-                save(val_loss)
-            if args.kill_at_step == step:
-                os.kill(os.getpid(), signal.SIGKILL)
-            if stop["signal"] is not None:
-                save(val_loss)
-                bar.close()
-                if master:
-                    print(f"interrupted at step {step}: saved {out_dir}; continue with --resume")
-                raise SystemExit(130 if stop["signal"] == signal.SIGINT else 143)
-        bar.close()
-        if evaluated_at != step:
-            val_loss = held_out_loss(model, val, args, device, autocast)
-            log({"step": step, "val_loss": val_loss, "elapsed": elapsed, "machine": where})
-            if writer:
-                writer.add_scalar("loss/held_out", val_loss, step)
-        save(val_loss)
-        summary = {
-            "run": name,
-            "steps": step,
-            "tokens": step * tokens_per_step,
-            "tokens_per_s": run_tokens / run_time if run_time else 0.0,
-            "val_loss": val_loss,
-            "params": model.num_params(),
-            "minutes": elapsed / 60,
-        }
-        if master:
-            writer.close()
-            print(
-                f"{name}: {step} steps, {summary['tokens']:,} tokens, {summary['tokens_per_s']:,.0f} tokens/s, "
-                f"held-out loss {val_loss:.4f}, {summary['params']:,} parameters, {summary['minutes']:.1f} min "
-                f"-> {out_dir}"
-            )
-        if distributed:
-            dist.destroy_process_group()
-        return summary
-    finally:  # give the caller (a test, say) its own handlers back
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+        truncate_log(out_dir / "log.jsonl", state["step"])
+        print(f"resuming {out_dir} at step {state['step']} ({state['elapsed'] / 60:.1f} minutes done)")
+    return state["step"], state["elapsed"]
 
 
 def truncate_log(path: Path, step: int) -> None:
@@ -344,6 +250,313 @@ def truncate_log(path: Path, step: int) -> None:
         return
     lines = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
     path.write_text("".join(line + "\n" for line in lines))
+
+
+# ----------------------------------------------------------------------------------------------
+# Where it runs: one process, or one of several (DDP); stopping on Ctrl-C; one run per folder
+
+
+def setup_device(args: argparse.Namespace) -> tuple[torch.device, int, int]:
+    """(device, rank, world size); under torchrun, joins the process group (one GPU per process)."""
+    if "RANK" not in os.environ:
+        device = pick_device(args.device)
+        rank, world = 0, 1
+    else:
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        if args.device is None and torch.cuda.is_available():
+            args.device = f"cuda:{os.environ.get('LOCAL_RANK', 0)}"
+        device = pick_device(args.device)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    if device.type == "cpu":
+        tune_malloc()  # a CPU step frees and maps the same large buffers every step: keep them (perf.py)
+    return device, rank, world
+
+
+def mean_over_ranks(value: float, device: torch.device) -> float:
+    """The mean of a number over all processes (itself when there is one)."""
+    if not dist.is_initialized():
+        return value
+    t = torch.tensor([value], device=device)
+    dist.all_reduce(t)
+    return t.item() / dist.get_world_size()
+
+
+class StopSignals:
+    """Ctrl-C (SIGINT) and SIGTERM ask the loop to stop after the current step, save, and exit.
+
+    Under DDP every rank must stop at the same step, so rank 0's signal and clock decide for all.
+    The previous handlers come back on exit (a test calling main() keeps its own).
+    """
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+
+    def __enter__(self) -> StopSignals:
+        self.previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+
+    def _on_signal(self, signum, frame) -> None:
+        self.signal = signum
+
+    def agree(self, time_up: bool, device: torch.device) -> bool:
+        """Rank 0's (time up, signal) for every rank; returns time_up as rank 0 sees it."""
+        if not dist.is_initialized():
+            return time_up
+        flag = torch.tensor([float(time_up), float(self.signal is not None)], device=device)
+        dist.broadcast(flag, 0)
+        if flag[1] and self.signal is None:
+            self.signal = signal.SIGTERM
+        return bool(flag[0])
+
+
+class RunLock:
+    """A lock file in the run folder: a second process training into it is refused. A lock left
+    by a process that died (kill -9) is taken over, and said so."""
+
+    def __init__(self, out_dir: Path) -> None:
+        self.path = out_dir / "lock"
+
+    def __enter__(self) -> RunLock:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        for _ in range(2):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                pid = self._holder()
+                if pid is not None and _alive(pid):
+                    raise SystemExit(f"error: {self.path.parent} is in use by process {pid}: wait for it, "
+                                     "or pick another --out-dir") from None
+                print(f"taking over the lock {self.path} left by process {pid}, which is gone")
+                self.path.unlink(missing_ok=True)
+                continue
+            os.write(fd, str(os.getpid()).encode())
+            os.close(fd)
+            return self
+        raise SystemExit(f"error: could not take the lock {self.path}: another process races for it")
+
+    def __exit__(self, *exc) -> None:
+        if self._holder() == os.getpid():
+            self.path.unlink(missing_ok=True)
+
+    def _holder(self) -> int | None:
+        try:
+            return int(self.path.read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+# ----------------------------------------------------------------------------------------------
+# What a run writes: the JSONL log, TensorBoard and a progress bar (rank 0 only), checkpoints
+
+
+class RunLog:
+    """log.jsonl (one record a step), TensorBoard scalars and the tqdm bar, written by rank 0 only;
+    a line at each evaluation, so a log file shows progress when the bar is off."""
+
+    def __init__(self, out_dir: Path, runs_dir: str, master: bool, step: int, total: int | None) -> None:
+        self.master, self.path = master, out_dir / "log.jsonl"
+        self.writer = SummaryWriter(str(Path(runs_dir) / out_dir.name), purge_step=step + 1 if step else None) \
+            if master else None
+        self.bar = tqdm(total=total, initial=step, disable=None if master else True, unit="step", dynamic_ncols=True)
+
+    def write(self, record: dict) -> None:
+        if not self.master:
+            return
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        for key, tag in (("loss", "loss/train"), ("lr", "lr"), ("tokens_per_s", "tokens_per_s"),
+                         ("val_loss", "loss/held_out")):
+            if key in record:
+                self.writer.add_scalar(tag, record[key], record["step"])
+        if "loss" in record:
+            self.bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:,.0f}",
+                                 min=f"{record['elapsed'] / 60:.1f}")
+            self.bar.update(1)
+
+    def say(self, text: str) -> None:
+        if self.master:
+            self.bar.write(text)
+            sys.stdout.flush()
+
+    def close(self) -> None:
+        self.bar.close()
+        if self.writer:
+            self.writer.close()
+
+
+def all_finite(model: GPT) -> bool:
+    return all(bool(torch.isfinite(p).all()) for p in model.parameters())
+
+
+@torch.no_grad()
+def held_out_loss(model: GPT, val, args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> float:
+    model.eval()
+    losses = []
+    for i in range(args.eval_batches):
+        x, y = get_batch(val, args.batch_size, model.config.block_size, EVAL_SEED, i)
+        with autocast(device, dtype):
+            losses.append(model(x.to(device), y.to(device))[1].item())
+    model.train()
+    return sum(losses) / len(losses)
+
+
+# ----------------------------------------------------------------------------------------------
+# Training
+
+
+def train(run: dict, args: argparse.Namespace) -> dict:
+    """The loop: one step at a time until --max-steps or the time budget; returns the run summary."""
+    model, train_model, optimizer = run["model"], run["train_model"], run["optimizer"]
+    device, dtype, log, stop, out_dir = run["device"], run["dtype"], run["log"], run["stop"], run["out_dir"]
+    step, elapsed = run["step"], run["elapsed"]
+    block_size = model.config.block_size
+    tokens_per_step = args.batch_size * block_size * run["world"]
+    budget = args.minutes * 60 if args.minutes else math.inf
+    max_steps = args.max_steps or math.inf
+    speeds, evals, val_loss, loss_value = [], [], None, None
+
+    def checkpoint() -> None:  # only from finite weights: a blown-up step never replaces a good checkpoint
+        if not all_finite(model):
+            raise SystemExit(f"error: the weights became non-finite at step {step}: stopping; the last good "
+                             f"checkpoint in {out_dir} is kept (try a lower --lr)")
+        if run["master"]:
+            save_checkpoint(out_dir, model, optimizer=optimizer.state_dict(), step=step, elapsed=elapsed,
+                            rng=torch.get_rng_state(), tokenizer_hash=run["tok_hash"], args=vars(args),
+                            val_loss=val_loss)
+
+    model.train()
+    while step < max_steps and elapsed < budget:
+        t0 = clock()
+        # the learning rate: warm-up, then cosine over the steps (--max-steps) or over the clock
+        lr = lr_at(step, args.lr, args.warmup, args.min_lr_ratio, args.max_steps, elapsed, budget)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        # the batch: depends only on (seed, rank, step), so a resumed run sees the same ones
+        x, y = get_batch(run["train_data"], args.batch_size, block_size, args.seed, step, run["rank"])
+        # forward (matrix products in bf16 under autocast), backward, clip, update
+        with autocast(device, dtype):
+            _, loss = train_model(x.to(device), y.to(device))
+        if not math.isfinite(loss.item()):
+            raise SystemExit(f"error: loss became {loss.item()} at step {step}: stopping; the last good "
+                             f"checkpoint in {out_dir} is kept (try a lower --lr)")
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if args.grad_clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
+        optimizer.step()
+        step += 1
+        loss_value = mean_over_ranks(loss.item(), device)
+        dt = clock() - t0
+        elapsed += dt
+        speeds.append(tokens_per_step / dt)
+        record = {"step": step, "loss": loss_value, "lr": lr, "tokens": step * tokens_per_step,
+                  "tokens_per_s": speeds[-1], "elapsed": elapsed}
+        # evaluate on held-out batches now and then (the budget is wall time: evaluations count)
+        due = step % args.eval_every == 0 or step == args.max_steps
+        if due:
+            t1 = clock()
+            val_loss = held_out_loss(model, val=run["val_data"], args=args, device=device, dtype=dtype)
+            elapsed += clock() - t1
+            record.update(val_loss=val_loss, elapsed=elapsed, machine=run["machine"])
+            evals.append({"step": step, "val_loss": val_loss, "train_loss": loss_value})
+        # log: JSONL, TensorBoard, the bar
+        log.write(record)
+        # checkpoint now and then; stop when the time is up (rank 0's clock) or on a signal
+        time_up = stop.agree(elapsed >= budget, device)
+        saved = step % args.ckpt_every == 0 or stop.signal is not None
+        if saved:
+            checkpoint()
+        if due or saved:
+            log.say(f"step {step}: loss {loss_value:.4f}" + (f", held-out {val_loss:.4f}" if due else "")
+                    + f", {speeds[-1]:,.0f} tokens/s, {elapsed / 60:.1f} min" + (", checkpoint saved" if saved else ""))
+        if stop.signal is not None:
+            log.say(f"interrupted at step {step}: saved {out_dir}; continue with --resume")
+            raise SystemExit(130 if stop.signal == signal.SIGINT else 143)
+        if time_up:
+            break
+    # a last evaluation at the step the run stopped at, and the final checkpoint
+    if not evals or evals[-1]["step"] != step:
+        t1 = clock()
+        val_loss = held_out_loss(model, run["val_data"], args, device, dtype)
+        elapsed += clock() - t1
+        log.write({"step": step, "val_loss": val_loss, "elapsed": elapsed, "machine": run["machine"]})
+        evals.append({"step": step, "val_loss": val_loss, "train_loss": loss_value})
+    checkpoint()
+    return {
+        "command": run["command"], "machine": run["machine"], "run": run["name"],
+        "kind": "rope" if model.config.rope else "learned", "dtype": args.dtype,
+        "steps": step, "tokens": step * tokens_per_step, "seconds": elapsed,
+        "tokens_per_s": statistics.median(speeds) if speeds else 0.0,  # a step's, evaluations left out
+        "evals": evals, "val_loss": val_loss, "params": model.num_params(), "minutes": elapsed / 60,
+        "args": vars(args),
+    }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    command = shlex.join(["python", "scripts/pretrain.py", *(sys.argv[1:] if argv is None else argv)])
+    if args.json:
+        check_writable(args.json)
+    device, rank, world = setup_device(args)
+    master = rank == 0
+    dtype = resolve_dtype(args.dtype, device)
+    args.dtype = dtype_name(dtype)  # the dtype used, in the log and the checkpoint's args
+
+    # the data and the model
+    data_dir = Path(args.data_dir)
+    train_data, val_data = load_tokens(data_dir, "train"), load_tokens(data_dir, "val")
+    tok_hash = data_tokenizer_hash(data_dir)
+    args.vocab_size = json.loads((data_dir / "meta.json").read_text())["vocab_size"]
+    model = build_model(args, tok_hash)
+    name = run_name(args)
+    out_dir = Path(args.out_dir or Path("checkpoints") / name)
+    optimizer = configure_optimizer(model, args.lr, args.weight_decay, device)
+
+    with RunLock(out_dir) if master else nullcontext(), StopSignals() as stop:
+        step, elapsed = start_or_resume(args, out_dir, model, optimizer, tok_hash, master)
+        model.to(device)
+        train_model = torch.compile(model) if args.compile else model
+        if world > 1:
+            train_model = DistributedDataParallel(train_model, device_ids=[device.index] if device.type == "cuda"
+                                                  else None)
+        if master:
+            print(f"{name}: {model.num_params():,} parameters, {model.config}, on {device} in {args.dtype}, "
+                  f"{world} process(es)")
+        log = RunLog(out_dir, args.runs_dir, master, step, args.max_steps)
+        run = dict(model=model, train_model=train_model, optimizer=optimizer, device=device, dtype=dtype, log=log,
+                   stop=stop, out_dir=out_dir, step=step, elapsed=elapsed, world=world, rank=rank, master=master,
+                   train_data=train_data, val_data=val_data, tok_hash=tok_hash, machine=machine(device),
+                   command=command, name=name)
+        try:
+            summary = train(run, args)
+        finally:
+            log.close()
+
+    if master:
+        print(f"{name}: {summary['steps']} steps, {summary['tokens']:,} tokens, {summary['tokens_per_s']:,.0f} "
+              f"tokens/s ({args.dtype}), held-out loss {summary['val_loss']:.4f}, {summary['params']:,} parameters, "
+              f"{summary['minutes']:.1f} min -> {out_dir}")
+        if args.json:
+            write_json(args.json, summary)
+    if world > 1:
+        dist.destroy_process_group()
+    return summary
 
 
 if __name__ == "__main__":

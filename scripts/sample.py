@@ -6,6 +6,7 @@ slides its cache; a model with learned positions re-runs the last window for eac
 Examples:
     python scripts/sample.py checkpoints/pretrain-rope --prompt "Once upon a time" --max-new-tokens 600
     python scripts/sample.py checkpoints/pretrain --prompt "Lily saw a cat." --temperature 0
+    python scripts/sample.py checkpoints/pretrain-rope --dtype bfloat16    # bf16 weights: half the bytes a step reads
     python scripts/sample.py /tmp/tiny --data-dir /tmp/tinydata --device cpu --max-new-tokens 20
     python scripts/sample.py checkpoints/pretrain-rope --adapter checkpoints/lora-rope \\
         --prompt $'Words: kite, windy, string\\nFeatures: Dialogue\\nStory:\\n'   # LoRA, unmerged
@@ -26,6 +27,8 @@ from mvgpt.cli import add_context_args, apply_context_args  # noqa: E402
 from mvgpt.data import DATA_DIR, data_tokenizer_hash  # noqa: E402
 from mvgpt.device import pick_device  # noqa: E402
 from mvgpt.lora import load_adapter  # noqa: E402
+from mvgpt.precision import CHOICES as DTYPE_CHOICES  # noqa: E402
+from mvgpt.precision import resolve_dtype  # noqa: E402
 from mvgpt.tokenizer import Tokenizer  # noqa: E402
 
 
@@ -41,6 +44,8 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--data-dir", default=str(DATA_DIR), help="where the tokenizer is")
     p.add_argument("--device", help="cpu, cuda, mps (default: the best present)")
     p.add_argument("--adapter", help="a LoRA run folder or adapter file for this checkpoint, applied unmerged")
+    p.add_argument("--dtype", default="float32", choices=DTYPE_CHOICES,
+                   help="the weights' dtype while sampling (bfloat16: half the bytes a decoding step reads)")
     add_context_args(p)
     args = p.parse_args(argv)
     if args.max_new_tokens < 0:
@@ -52,6 +57,7 @@ def main(argv: list[str] | None = None) -> str:
     model, _ = load_model(args.checkpoint, device, tok_hash)
     if args.adapter:
         load_adapter(model, args.adapter, tok_hash)
+    model.to(resolve_dtype(args.dtype, device))
     apply_context_args(model, args)  # --ctx: the window generate reads and slides
     ids = tokenizer.encode(args.prompt) or [tokenizer.eot]
     idx = torch.tensor([ids], device=device)

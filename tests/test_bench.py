@@ -8,7 +8,6 @@ import torch.nn as nn
 from conftest import ROOT, tiny_config, tiny_model
 
 from mvgpt.bench import (
-    compile_for_decoding,
     decode_bytes_per_token,
     decode_flops_per_token,
     forward_flops,
@@ -16,9 +15,10 @@ from mvgpt.bench import (
     training_flops_per_token,
 )
 from mvgpt.model import KVCache
+from mvgpt.perf import compile_for_decoding
 
 TINY = ["--n-layer", "2", "--n-head", "2", "--n-embd", "32", "--block-size", "16", "--vocab-size", "64",
-        "--batch-size", "2", "--batches", "1,2", "--device", "cpu", "--no-tune-malloc"]
+        "--batch-size", "2", "--batches", "1,2", "--device", "cpu", "--no-tune-malloc", "--dtype", "bfloat16"]
 
 
 def positive_numbers(value, path="result"):
@@ -51,20 +51,32 @@ def test_bench_runs_end_to_end_and_writes_its_figures(tmp_path):
     saved = json.loads(out.read_text())
     assert {"machine", "threads", "config", "ceilings", "training", "decoding", "generation", "goals"} <= set(saved)
     assert {"matmul_fp32_flops", "matmul_bf16_flops", "read_bandwidth", "copy_bandwidth"} <= set(saved["ceilings"])
-    assert [t["kind"] for t in saved["training"]] == ["learned", "rope"]
+    assert [(t["kind"], t["dtype"]) for t in saved["training"]] == [
+        ("learned", "float32"), ("learned", "bfloat16"), ("rope", "float32"), ("rope", "bfloat16")]
+    best = max(saved["ceilings"]["matmul_fp32_flops"], saved["ceilings"]["matmul_bf16_flops"])
+    assert saved["ceilings"][saved["ceilings"]["training_peak"]] == best
     for t in saved["training"]:
-        assert {"tokens_per_s", "flops", "share_of_peak", "profile"} <= set(t)
+        assert {"tokens_per_s", "flops", "share_of_peak", "profile", "compiled"} <= set(t)
         assert t["flops"] == t["tokens_per_s"] * training_flops_per_token(tiny_config())
+        assert t["share_of_peak"] == t["flops"] / best
+    speed = {(t["kind"], t["dtype"]): t["tokens_per_s"] for t in saved["training"]}
+    assert saved["training_bf16_over_fp32"] == {
+        k: speed[k, "bfloat16"] / speed[k, "float32"] for k in ("learned", "rope")}
+    assert saved["dtype"] == "bfloat16"  # the flag's choice: this test's tiny run asks for it
     d = saved["decoding"]
     assert {"cached_ms", "rerun_ms", "floor_ms", "floor_bytes", "cached_over_floor", "rerun_over_cached"} <= set(d)
-    assert d["floor_bytes"] == decode_bytes_per_token(tiny_model(rope=True), held=16)
+    assert set(d["cached_ms_by_dtype"]) == set(d["floor_ms_by_dtype"]) == {"float32", "bfloat16"}
+    assert d["floor_bytes"] == decode_bytes_per_token(tiny_model(rope=True).to(torch.bfloat16), held=16)
+    assert d["floor_ms_by_dtype"]["float32"] > d["floor_ms_by_dtype"]["bfloat16"]  # half the bytes to read
     assert d["cached_over_floor"] == d["cached_ms"] / d["floor_ms"]
     assert d["rerun_over_cached"] == d["rerun_ms"] / d["cached_ms"]
     assert [g["batch"] for g in saved["generation"]] == [1, 2]
-    assert "aten::" in d["profile"] and "aten::" in saved["training"][0]["profile"]
+    assert "aten::" in d["profile"] and "aten::" in saved["training"][1]["profile"]
+    assert saved["training"][0]["profile"] == ""  # profiled in the headline precision only
     for path, number in positive_numbers(saved):
         assert number > 0, path
-    assert "decoding, sliding cache (rope, batch 1)" in printed and saved["machine"] in printed
+    assert "decoding, sliding cache (rope, batch 1), bfloat16 weights" in printed and saved["machine"] in printed
+    assert "training, rope, bf16 over float32" in printed
 
     docs = tmp_path / "docs"  # the docs' table, profiles and figure, from this JSON (dev/report.py)
     run(str(ROOT / "dev" / "report.py"), "--results-dir", str(tmp_path), "--docs-dir", str(docs), "--readme", "")

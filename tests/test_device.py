@@ -1,8 +1,9 @@
 import pytest
 import torch
 
-from mvgpt.bench import machine, sync, time_it
+from mvgpt.bench import machine, sync
 from mvgpt.device import pick_device
+from mvgpt.perf import time_it
 
 
 def test_pick_device_prefers_what_is_there():

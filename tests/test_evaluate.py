@@ -45,3 +45,23 @@ def test_sample_streams_a_story_past_the_window(data_dir, tmp_path, capsys):
                         "--data-dir", str(data_dir), "--device", "cpu"])
     printed = capsys.readouterr().out
     assert printed.startswith("Lily saw") and printed.strip().endswith(text.strip())
+
+
+def test_evaluate_in_bf16_reports_its_difference_from_float32(data_dir, tmp_path, capsys):
+    save_checkpoint(tmp_path / "r", tiny_model(vocab_size=300, rope=True), tokenizer_hash=data_tokenizer_hash(data_dir))
+    rows = evaluate.main([str(tmp_path / "r"), "--data-dir", str(data_dir), "--device", "cpu", "--tokens", "160",
+                          "--dtype", "bfloat16"])
+    row = rows[0]
+    fp32 = evaluate.main([str(tmp_path / "r"), "--data-dir", str(data_dir), "--device", "cpu", "--tokens", "160"])[0]
+    assert row["dtype"] == "bfloat16" and fp32["dtype"] == "float32" and "loss_difference" not in fp32
+    assert row["loss_float32"] == fp32["loss"] and row["loss_difference"] == row["loss"] - fp32["loss"]
+    assert row["loss"] != fp32["loss"] and abs(row["loss_difference"]) < 0.01  # bf16 products, within 0.01 nats
+    assert "vs float32" in capsys.readouterr().out
+
+
+def test_sample_with_bf16_weights_streams_a_story(data_dir, tmp_path, capsys):
+    save_checkpoint(tmp_path / "r", tiny_model(vocab_size=300, rope=True), tokenizer_hash=data_tokenizer_hash(data_dir))
+    text = sample.main([str(tmp_path / "r"), "--prompt", "Lily saw", "--max-new-tokens", "40", "--temperature", "0",
+                        "--data-dir", str(data_dir), "--device", "cpu", "--dtype", "bfloat16"])
+    printed = capsys.readouterr().out
+    assert printed.startswith("Lily saw") and printed.strip().endswith(text.strip()) and len(text) > 0

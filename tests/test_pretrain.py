@@ -1,4 +1,5 @@
 import json
+import math
 import os
 import signal
 import subprocess
@@ -11,6 +12,7 @@ import torch
 from conftest import ROOT
 
 from mvgpt.checkpoint import load_model, read_checkpoint
+from mvgpt.train import lr_at
 
 TINY = ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "16", "--batch-size", "4",
         "--eval-batches", "2", "--eval-every", "3", "--warmup", "2", "--minutes", "0"]
@@ -57,15 +59,20 @@ def test_same_seed_same_losses_and_both_kinds_share_batches(root):
 
 
 def test_kill_and_resume_continues_as_if_never_stopped(root):
-    train(root, "whole", "--max-steps", "6", "--ckpt-every", "2")
-    args = run_args(root, "split", "--max-steps", "6", "--ckpt-every", "2")
-    killed = script(*args, "--kill-at-step", "5")
+    args = run_args(root, "split", "--max-steps", "300", "--ckpt-every", "2", "--eval-every", "100")
+    killed = script(*args)
+    for line in killed.stdout:  # kill -9 from outside as soon as a checkpoint is on disk
+        if "checkpoint saved" in line:
+            killed.kill()
+            break
     killed.communicate(timeout=120)
     assert killed.returncode == -signal.SIGKILL
-    assert read_checkpoint(root / "split")["step"] == 4  # step 5 was lost with the kill
-    pretrain.main([*args, "--resume"])
+    at = read_checkpoint(root / "split")["step"]
+    assert 2 <= at < 300 and not (root / "split" / "ckpt.pt.tmp").exists()
+    pretrain.main([*args, "--resume"])  # the dead process's lock is taken over
+    train(root, "whole", "--max-steps", "300", "--ckpt-every", "2", "--eval-every", "100")
     whole, split = losses(root / "whole"), losses(root / "split")
-    assert len(split) == 6
+    assert len(split) == 300
     torch.testing.assert_close(torch.tensor(split), torch.tensor(whole), atol=1e-6, rtol=0)
     a, b = read_checkpoint(root / "whole"), read_checkpoint(root / "split")
     for name, value in a["model"].items():
@@ -122,3 +129,196 @@ def test_two_processes_with_torchrun(root):
     assert state["step"] == 12
     record = losses(root / "ddp")
     assert sum(record[-3:]) / 3 < sum(record[:3]) / 3  # the loss falls
+
+
+class FakeClock:
+    """pretrain.clock, advancing `tick` seconds a call: the schedule's clock without waiting for it.
+    With `interrupt_at`, the call of that number raises SIGINT, as Ctrl-C would mid-run."""
+
+    def __init__(self, tick: float, interrupt_at: int | None = None) -> None:
+        self.now, self.tick, self.calls, self.interrupt_at = 0.0, tick, 0, interrupt_at
+
+    def __call__(self) -> float:
+        self.calls += 1
+        if self.calls == self.interrupt_at:
+            signal.raise_signal(signal.SIGINT)
+        self.now += self.tick
+        return self.now
+
+
+def records(run_dir) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines()]
+
+
+def test_lr_schedule_by_steps_and_by_the_clock():
+    lr = lambda step, **kw: lr_at(step, 1.0, 10, 0.1, **kw)  # noqa: E731
+    assert [lr(s, max_steps=110) for s in (0, 4, 9)] == [0.1, 0.5, 1.0]  # warm-up by steps, either way
+    assert [lr(s, budget=60.0, elapsed=0.0) for s in (0, 9)] == [0.1, 1.0]
+    assert lr(10, max_steps=110) == 1.0 and math.isclose(lr(60, max_steps=110), 0.55)
+    assert lr(110, max_steps=110) == lr(500, max_steps=110) == pytest.approx(0.1)
+    # after the warm-up the clock decides: half the budget gone, the cosine is half way down
+    assert lr(10, budget=60.0, elapsed=0.0) == 1.0
+    assert lr(11, budget=60.0, elapsed=30.0) == lr(5000, budget=60.0, elapsed=30.0) == pytest.approx(0.55)
+    assert lr(12, budget=60.0, elapsed=60.0) == lr(12, budget=60.0, elapsed=75.0) == pytest.approx(0.1)
+
+
+def test_a_run_bounded_by_time_follows_the_clock(root, monkeypatch):
+    monkeypatch.setattr(pretrain, "clock", FakeClock(0.5))
+    out = train(root, "clock", "--minutes", "0.1", "--warmup", "2", "--eval-every", "5")  # 6 s, 0.5 s a step
+    log = [r for r in records(root / "clock") if "loss" in r]
+    before = [0.0] + [r["elapsed"] for r in log[:-1]]  # the clock when each step began
+    for r, t in zip(log, before, strict=True):
+        assert r["lr"] == lr_at(r["step"] - 1, 2e-3, 2, 0.1, None, t, 6.0)
+    assert before[-1] < 6.0 <= log[-1]["elapsed"]  # it stopped when the time was up, not before
+    after_warmup = [r["lr"] for r in log[2:]]
+    assert after_warmup == sorted(after_warmup, reverse=True) and after_warmup[-1] < 2e-3 / 4
+    assert out["steps"] == log[-1]["step"] == 10  # 10 steps and 2 evaluations of 0.5 s
+    assert out["seconds"] == 6.0 and [e["step"] for e in out["evals"]] == [5, 10]
+
+
+def test_resume_continues_the_clock(root, monkeypatch):
+    args = ("--minutes", "0.1", "--warmup", "2", "--eval-every", "5", "--ckpt-every", "100")
+    monkeypatch.setattr(pretrain, "clock", FakeClock(0.5))
+    train(root, "whole", *args)
+    monkeypatch.setattr(pretrain, "clock", FakeClock(0.5, interrupt_at=14))  # Ctrl-C in step 6
+    with pytest.raises(SystemExit) as stopped:
+        train(root, "split", *args)
+    assert stopped.value.code == 130 and read_checkpoint(root / "split")["step"] == 6
+    monkeypatch.setattr(pretrain, "clock", FakeClock(0.5))
+    train(root, "split", *args, "--resume")
+    whole, split = records(root / "whole"), records(root / "split")
+    clock_of = lambda log: [(r["step"], r.get("lr"), r["elapsed"]) for r in log]  # noqa: E731
+    assert clock_of(split) == clock_of(whole)
+    assert losses(root / "split") == losses(root / "whole")
+
+
+def test_max_steps_keeps_the_schedule_exact_whatever_the_clock(root, monkeypatch):
+    monkeypatch.setattr(pretrain, "clock", FakeClock(0.01))
+    train(root, "fast", "--max-steps", "6")
+    monkeypatch.setattr(pretrain, "clock", FakeClock(100.0))  # a slow machine: --minutes is not in play
+    out = train(root, "slow", "--max-steps", "6", "--minutes", "0")
+    assert out["steps"] == 6
+    assert [r.get("lr") for r in records(root / "slow")] == [r.get("lr") for r in records(root / "fast")]
+    assert losses(root / "slow") == losses(root / "fast")
+    assert [r["lr"] for r in records(root / "slow") if "lr" in r] == [lr_at(s, 2e-3, 2, 0.1, 6) for s in range(6)]
+
+
+def test_bf16_autocast_tracks_float32(root):
+    """Mixed precision keeps float32 weights and loss: over 8 steps of a tiny model the bf16 losses
+    stay within 0.002 of float32's (measured here: 1e-4), and the weights stay float32."""
+    fp32 = train(root, "fp32", "--max-steps", "8", "--dtype", "float32")
+    bf16 = train(root, "bf16", "--max-steps", "8", "--dtype", "bfloat16")
+    assert (fp32["dtype"], bf16["dtype"]) == ("float32", "bfloat16")
+    a, b = losses(root / "fp32"), losses(root / "bf16")
+    assert a != b  # the products did run in bf16
+    assert max(abs(x - y) for x, y in zip(a, b, strict=True)) < 0.002, (a, b)
+    assert abs(fp32["val_loss"] - bf16["val_loss"]) < 0.002
+    state = read_checkpoint(root / "bf16")
+    assert state["args"]["dtype"] == "bfloat16"
+    assert all(v.dtype == torch.float32 for v in state["model"].values() if v.is_floating_point())
+
+
+def test_json_summary(root):
+    out = root / "results" / "run.json"
+    summary = train(root, "j", "--max-steps", "4", "--json", str(out), "--dtype", "float32")
+    saved = json.loads(out.read_text())
+    assert saved == json.loads(json.dumps(summary))
+    assert saved["command"].startswith("python scripts/pretrain.py ") and "--json" in saved["command"]
+    assert (saved["kind"], saved["steps"], saved["tokens"], saved["dtype"]) == ("learned", 4, 4 * 4 * 16, "float32")
+    assert [e["step"] for e in saved["evals"]] == [3, 4]
+    assert saved["val_loss"] == saved["evals"][-1]["val_loss"] and saved["tokens_per_s"] > 0
+    assert saved["args"]["max_steps"] == 4 and "cpu" in saved["machine"]
+
+
+def test_an_unwritable_json_path_fails_before_training(root, capsys):
+    (root / "file").write_text("")
+    with pytest.raises(SystemExit, match="cannot write --json"):
+        train(root, "w", "--max-steps", "4", "--json", str(root / "file" / "run.json"))
+    assert not (root / "w").exists()
+
+
+BAD_FLAGS = [
+    ["--batch-size", "0"], ["--eval-every", "0"], ["--ckpt-every", "0"], ["--seed", "-1"], ["--lr", "nan"],
+    ["--lr", "0"], ["--grad-clip", "-1"], ["--min-lr-ratio", "-3"], ["--min-lr-ratio", "1.5"], ["--block-size", "0"],
+    ["--minutes", "nan"], ["--minutes", "-1"], ["--minutes", "inf"], ["--max-steps", "0"], ["--warmup", "-1"],
+    ["--eval-batches", "0"], ["--weight-decay", "-0.1"], ["--n-head", "5"], ["--rope-factor", "0"],
+    ["--minutes", "0", "--max-steps", "-5"], ["--dtype", "float16"], ["--resume", "--overwrite"],
+]
+
+
+@pytest.mark.parametrize("bad", BAD_FLAGS, ids=lambda bad: " ".join(bad))
+def test_a_bad_flag_is_one_line_and_exit_2_before_any_work(root, capsys, bad):
+    (root / "old").mkdir()
+    (root / "old" / "ckpt.pt").write_bytes(b"a run")  # nothing may touch it
+    (root / "old" / "log.jsonl").write_text("{}\n")
+    with pytest.raises(SystemExit) as e:
+        pretrain.main([*run_args(root, "old"), *bad])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.strip().splitlines()) == 1 and "error:" in err, err
+    assert (root / "old" / "ckpt.pt").read_bytes() == b"a run" and (root / "old" / "log.jsonl").read_text() == "{}\n"
+
+
+def test_a_bad_flag_from_the_command_line_has_no_traceback(root):
+    done = script(*run_args(root, "x", "--lr", "nan"))
+    out, _ = done.communicate(timeout=120)
+    assert done.returncode == 2 and out.count("\n") == 1 and "--lr nan is not a finite number" in out, out
+    assert not (root / "x").exists()
+
+
+def test_a_run_folder_with_a_checkpoint_needs_resume_or_overwrite(root):
+    train(root, "kept", "--max-steps", "2")
+    before = (root / "kept" / "ckpt.pt").read_bytes(), (root / "kept" / "log.jsonl").read_text()
+    with pytest.raises(SystemExit, match="holds a run already: continue it with --resume"):
+        train(root, "kept", "--max-steps", "1")
+    assert ((root / "kept" / "ckpt.pt").read_bytes(), (root / "kept" / "log.jsonl").read_text()) == before
+    assert train(root, "kept", "--max-steps", "1", "--overwrite")["steps"] == 1
+    assert read_checkpoint(root / "kept")["step"] == 1 and len(losses(root / "kept")) == 1
+
+
+def test_a_live_run_folder_is_locked_and_a_dead_ones_lock_is_taken_over(root, capsys):
+    (root / "busy").mkdir()
+    (root / "busy" / "lock").write_text(str(os.getpid()))  # a live process holds it: this one
+    with pytest.raises(SystemExit, match="in use by process"):
+        train(root, "busy", "--max-steps", "1")
+    assert not (root / "busy" / "ckpt.pt").exists() and (root / "busy" / "lock").exists()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (root / "busy" / "lock").write_text(str(dead.pid))  # a process that is gone
+    assert train(root, "busy", "--max-steps", "1")["steps"] == 1
+    assert f"left by process {dead.pid}, which is gone" in capsys.readouterr().out
+    assert not (root / "busy" / "lock").exists()  # released at the end
+
+
+def test_non_finite_weights_are_never_saved(root, monkeypatch):
+    real = pretrain.configure_optimizer
+
+    def blows_up_at_step_3(model, *args, **kwargs):
+        optimizer = real(model, *args, **kwargs)
+        step = optimizer.step
+
+        def broken_step(*a, **k):
+            step(*a, **k)
+            if optimizer.state[model.wte.weight]["step"] == 3:  # the third update makes a weight inf
+                with torch.no_grad():
+                    model.wte.weight[0, 0] = math.inf
+
+        optimizer.step = broken_step
+        return optimizer
+
+    monkeypatch.setattr(pretrain, "configure_optimizer", blows_up_at_step_3)
+    with pytest.raises(SystemExit, match="non-finite at step 3: stopping; the last good checkpoint"):
+        train(root, "inf", "--max-steps", "10", "--ckpt-every", "1")
+    state = read_checkpoint(root / "inf")
+    assert state["step"] == 2 and all(torch.isfinite(v).all() for v in state["model"].values())
+
+
+def test_another_tokenizers_data_is_refused_on_resume_and_init_from(root, tmp_path):
+    train(root, "t", "--max-steps", "2", "--rope")
+    state = read_checkpoint(root / "t")
+    state["tokenizer_hash"] = "another"
+    torch.save(state, root / "t" / "ckpt.pt")
+    with pytest.raises(SystemExit, match="trained with tokenizer another"):
+        train(root, "t", "--max-steps", "4", "--rope", "--resume")
+    with pytest.raises(SystemExit, match="trained with tokenizer another"):
+        train(root, "u", "--max-steps", "1", "--init-from", str(root / "t"))
+    assert read_checkpoint(root / "t")["tokenizer_hash"] == "another" and not (root / "u" / "ckpt.pt").exists()

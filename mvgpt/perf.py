@@ -1,0 +1,170 @@
+"""Performance machinery: timing a function fairly, the machine's ceilings, the profiler, glibc's
+malloc, and a compiled decoding step. Benchmarks (scripts/bench.py) use it; the model does not.
+"""
+
+from __future__ import annotations
+
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
+
+from mvgpt.bench import sync
+
+if TYPE_CHECKING:  # for the type hints only
+    from mvgpt.model import GPT
+
+
+def time_it(fn: Callable[[], object], device: torch.device | str, repeats: int = 5, warmup: int = 1) -> float:
+    """Median seconds of fn() over repeats, after warm-up, synced before each clock read."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        sync(device)
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+# ----------------------------------------------------------------------------------------------
+# The machine's ceilings: what a figure is measured against
+
+
+def matmul_flops(
+    device: torch.device | str, n: int = 2048, dtype: torch.dtype = torch.float32, repeats: int = 5
+) -> float:
+    """FLOP/s of one large square matrix product (2 n^3 flops): the compute ceiling for training.
+
+    A product this size keeps every core's vector units busy, so it is the most the math library
+    gets out of the machine; a training step is mostly matrix products, of smaller shapes.
+    """
+    g = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(n, n, device=device, dtype=dtype, generator=g)
+    b = torch.randn(n, n, device=device, dtype=dtype, generator=g)
+    return 2 * n**3 / time_it(lambda: a @ b, device, repeats, warmup=2)
+
+
+def memory_bandwidth(device: torch.device | str, mbytes: int = 512, repeats: int = 5) -> dict[str, float]:
+    """Bytes/s streaming a buffer far larger than the caches: {"read": a sum, "copy": read + write}.
+
+    A decoding step reads every weight once and writes almost nothing, so "read" is its ceiling.
+    The buffer must not fit in the last-level cache (32 MB on many CPUs, 50+ MB on big GPUs), or
+    the figure is the cache's speed, not the memory's.
+    """
+    n = mbytes * 2**20 // 4
+    x = torch.ones(n, device=device)
+    y = torch.empty_like(x)
+    nbytes = x.numel() * x.element_size()
+    return {
+        "read": nbytes / time_it(lambda: x.sum(), device, repeats, warmup=2),
+        "copy": 2 * nbytes / time_it(lambda: y.copy_(x), device, repeats, warmup=2),
+    }
+
+
+# ----------------------------------------------------------------------------------------------
+# Settings and the profiler
+
+
+def tune_malloc() -> bool:
+    """Keep freed memory in the process instead of handing it back to the kernel (glibc only).
+
+    A training step frees and reallocates the same large tensors (the logits of 16 x 256 tokens
+    are 134 MB); by default glibc returns each one to the kernel (munmap) and maps fresh, zeroed
+    pages on the next step, and the kernel's page faulting then takes a tenth or more of the CPU.
+    This is glibc's documented knob (mallopt), the same as the environment variables
+    MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=<large>, set from inside. False where it is absent.
+    """
+    import ctypes
+    import ctypes.util
+
+    if platform.system() != "Linux":
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
+        return bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1))
+    except (OSError, AttributeError):
+        return False
+
+
+def profile_table(fn: Callable[[], object], device: torch.device | str, row_limit: int = 15) -> str:
+    """The top operations of one call of fn, by the time spent in each (self time), as a table.
+
+    fn runs once before, so the table shows a warm step, not the first call's set-up.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    device = torch.device(device)
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    fn()
+    sync(device)
+    with profile(activities=activities) as prof:
+        fn()
+        sync(device)
+    sort_by = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    return prof.key_averages().table(sort_by=sort_by, row_limit=row_limit)
+
+
+# ----------------------------------------------------------------------------------------------
+# A compiled decoding step
+
+
+class _Traced(torch.nn.Module):
+    """A module of our own around another: torch.compile traces our modules' code but runs torch.nn's
+    own modules, compiled on their own, as they are (a compiled nn.Linear alone stays eager)."""
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x)
+
+
+def compile_for_decoding(model: GPT) -> GPT:
+    """A copy of the model whose one-token steps with a cache run through torch.compile, compiled now.
+
+    What it buys on a CPU is inductor's own kernels for the matrix-vector products: with one token,
+    each linear layer multiplies a vector by a matrix, which the math library (MKL) runs at a
+    fraction of the memory's bandwidth on some AMD CPUs. Inductor's decompose_mm_pass turns a
+    product with one row into a multiply-and-sum, which it compiles into a vectorised C++ loop,
+    fused with the norms, GELU and additions around it. The logits are the same up to float
+    rounding (the sums are added in another order). A product with several rows (a prompt, a
+    batch) is left to the library, which is fast at those.
+
+    GPT.forward itself stays eager: its loop over the blocks holds the cache's writes, which stay
+    out of the graphs (KVCache.update), so each block compiles in pieces around them, and the
+    output layer on its own. Compiling takes seconds with inductor's on-disk cache warm, tens of
+    seconds cold; it happens here, one-token steps first, so that they get graphs of fixed shape
+    (a prompt read later gets its own). The original model stays as it was.
+    """
+    import copy
+
+    import torch._inductor.config as inductor_config
+
+    from mvgpt.model import KVCache
+
+    # the output layer (vocab x C) is larger than the pass's default limit (2048); the limit is
+    # read when inductor is first loaded, so this must come before the process's first compile
+    options = dict(inductor_config.post_grad_fusion_options)
+    options["decompose_mm_pass"] = {"cpu_max_other_dimension_decomposition": max(2048, model.config.vocab_size)}
+    inductor_config.post_grad_fusion_options = options
+    fast = copy.deepcopy(model)
+    fast.compile()  # nn.Module.compile, in place: fast(...) and fast.generate(...) both use it
+    fast.lm_head = _Traced(fast.lm_head)  # still the token embedding's weight, now compiled too
+    fast.lm_head.compile()
+    weight = fast.wte.weight
+    cache = KVCache(fast.config, 1, device=weight.device, dtype=weight.dtype)
+    token = torch.zeros(1, 1, dtype=torch.long, device=weight.device)
+    with torch.no_grad():
+        for _ in range(3):  # an empty cache, then held tokens, then a count that changes
+            fast(token, cache=cache, last_only=True)
+    return fast
