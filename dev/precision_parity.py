@@ -18,11 +18,10 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import pretrain  # noqa: E402
+import pretrain
 
-from mvgpt.io import write_json  # noqa: E402
+from mvgpt.io import write_json
 
 TOLERANCE = 0.03  # nats: the largest held-out loss difference allowed at any evaluation
 

@@ -39,14 +39,11 @@ import sys
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import TypeVar
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from mvgpt.bench import (  # noqa: E402
+from mvgpt.bench import (
     decode_bytes_per_token,
     decode_flops_per_token,
     forward_flops,
@@ -54,13 +51,13 @@ from mvgpt.bench import (  # noqa: E402
     sync,
     training_flops_per_token,
 )
-from mvgpt.device import pick_device  # noqa: E402
-from mvgpt.io import write_json  # noqa: E402
-from mvgpt.model import GPT, GPTConfig, KVCache  # noqa: E402
-from mvgpt.perf import compile_for_decoding, matmul_flops, memory_bandwidth, profile_table, time_it, tune_malloc  # noqa: E402
-from mvgpt.precision import CHOICES as DTYPE_CHOICES  # noqa: E402
-from mvgpt.precision import autocast, dtype_name, resolve_dtype  # noqa: E402
-from mvgpt.train import configure_optimizer  # noqa: E402
+from mvgpt.device import pick_device
+from mvgpt.io import write_json
+from mvgpt.model import GPT, GPTConfig, KVCache
+from mvgpt.perf import compile_for_decoding, matmul_flops, memory_bandwidth, profile_table, time_it, tune_malloc
+from mvgpt.precision import CHOICES as DTYPE_CHOICES
+from mvgpt.precision import autocast, dtype_name, resolve_dtype
+from mvgpt.train import configure_optimizer
 
 T = TypeVar("T")
 # goals: decoding near its memory floor; the re-run window far behind the cache; training at 0.4 of

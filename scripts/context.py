@@ -19,7 +19,6 @@ Examples:
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -28,15 +27,13 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from mvgpt.bench import machine, sync  # noqa: E402
-from mvgpt.checkpoint import load_model  # noqa: E402
-from mvgpt.cli import at_least  # noqa: E402
-from mvgpt.data import DATA_DIR, data_tokenizer_hash, load_tokens, windows  # noqa: E402
-from mvgpt.device import pick_device  # noqa: E402
-from mvgpt.io import write_json  # noqa: E402
-from mvgpt.model import GPT, KVCache  # noqa: E402
+from mvgpt.bench import machine, sync
+from mvgpt.checkpoint import load_model
+from mvgpt.cli import at_least
+from mvgpt.data import DATA_DIR, data_tokenizer_hash, load_tokens, windows
+from mvgpt.device import pick_device
+from mvgpt.io import write_json
+from mvgpt.model import GPT, KVCache
 
 
 @torch.no_grad()

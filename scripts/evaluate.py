@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -27,17 +26,15 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from mvgpt.bench import machine  # noqa: E402
-from mvgpt.checkpoint import load_model  # noqa: E402
-from mvgpt.cli import add_context_args, apply_context_args  # noqa: E402
-from mvgpt.data import DATA_DIR, data_tokenizer_hash, load_tokens  # noqa: E402
-from mvgpt.device import pick_device  # noqa: E402
-from mvgpt.io import write_json  # noqa: E402
-from mvgpt.model import GPT  # noqa: E402
-from mvgpt.precision import CHOICES as DTYPE_CHOICES  # noqa: E402
-from mvgpt.precision import autocast, dtype_name, resolve_dtype  # noqa: E402
+from mvgpt.bench import machine
+from mvgpt.checkpoint import load_model
+from mvgpt.cli import add_context_args, apply_context_args
+from mvgpt.data import DATA_DIR, data_tokenizer_hash, load_tokens
+from mvgpt.device import pick_device
+from mvgpt.io import write_json
+from mvgpt.model import GPT
+from mvgpt.precision import CHOICES as DTYPE_CHOICES
+from mvgpt.precision import autocast, dtype_name, resolve_dtype
 
 
 @torch.no_grad()

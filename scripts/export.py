@@ -24,17 +24,14 @@ Examples:
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from mvgpt.checkpoint import checkpoint_path, load_model  # noqa: E402
-from mvgpt.data import DATA_DIR, data_tokenizer_hash  # noqa: E402
-from mvgpt.export import export  # noqa: E402
-from mvgpt.gguf import export_gguf  # noqa: E402
-from mvgpt.rope_scaling import SCALING_METHODS, RopeScaling  # noqa: E402
-from mvgpt.tokenizer import Tokenizer  # noqa: E402
+from mvgpt.checkpoint import checkpoint_path, load_model
+from mvgpt.data import DATA_DIR, data_tokenizer_hash
+from mvgpt.export import export
+from mvgpt.gguf import export_gguf
+from mvgpt.rope_scaling import SCALING_METHODS, RopeScaling
+from mvgpt.tokenizer import Tokenizer
 
 
 def main(argv: list[str] | None = None) -> Path:

@@ -27,23 +27,19 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 # The sweep's chunking and scoring, used as is so llama.cpp reads exactly the same chunks. The one
 # import of it: if the sweep moves (e.g. to scripts/long_context.py), change this line.
-from long_context import chunk_losses  # noqa: E402
+from long_context import chunk_losses
 
-from mvgpt.bench import machine  # noqa: E402
-from mvgpt.checkpoint import checkpoint_path, load_model  # noqa: E402
-from mvgpt.data import DATA_DIR, data_tokenizer_hash, load_tokens  # noqa: E402
-from mvgpt.export import export  # noqa: E402
-from mvgpt.gguf import (  # noqa: E402
+from mvgpt.bench import machine
+from mvgpt.checkpoint import checkpoint_path, load_model
+from mvgpt.data import DATA_DIR, data_tokenizer_hash, load_tokens
+from mvgpt.export import export
+from mvgpt.gguf import (
     export_gguf,
     ggml_activation,
     gguf_rope,
@@ -52,10 +48,10 @@ from mvgpt.gguf import (  # noqa: E402
     llama_cpp_missing,
     llama_cpp_model,
 )
-from mvgpt.io import write_json  # noqa: E402
-from mvgpt.long_context import set_context  # noqa: E402
-from mvgpt.rope_scaling import RopeScaling  # noqa: E402
-from mvgpt.tokenizer import Tokenizer  # noqa: E402
+from mvgpt.io import write_json
+from mvgpt.long_context import set_context
+from mvgpt.rope_scaling import RopeScaling
+from mvgpt.tokenizer import Tokenizer
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:

@@ -20,10 +20,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from mvgpt.checkpoint import checkpoint_path, read_checkpoint  # noqa: E402
-from mvgpt.rope_scaling import SCALING_METHODS  # noqa: E402
+from mvgpt.checkpoint import checkpoint_path, read_checkpoint
+from mvgpt.rope_scaling import SCALING_METHODS
 
 SCRIPTS = Path(__file__).resolve().parent
 ROOT = SCRIPTS.parent

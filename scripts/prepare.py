@@ -16,10 +16,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from mvgpt.data import DATA_DIR, DEFAULT_MAX_TRAIN_MB, SOURCE_ENV, prepare, resolve_source  # noqa: E402
-from mvgpt.io import write_json  # noqa: E402
+from mvgpt.data import DATA_DIR, DEFAULT_MAX_TRAIN_MB, SOURCE_ENV, prepare, resolve_source
+from mvgpt.io import write_json
 
 
 def data_counts(meta: dict, command: list[str]) -> dict:

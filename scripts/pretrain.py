@@ -41,19 +41,17 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from mvgpt.bench import machine  # noqa: E402
-from mvgpt.checkpoint import CHECKPOINT_NAME, config_from_dict, read_checkpoint, save_checkpoint  # noqa: E402
-from mvgpt.data import DATA_DIR, data_tokenizer_hash, get_batch, load_tokens  # noqa: E402
-from mvgpt.device import pick_device  # noqa: E402
-from mvgpt.io import write_json  # noqa: E402
-from mvgpt.model import GPT, GPTConfig  # noqa: E402
-from mvgpt.perf import tune_malloc  # noqa: E402
-from mvgpt.precision import CHOICES as DTYPE_CHOICES  # noqa: E402
-from mvgpt.precision import autocast, dtype_name, resolve_dtype  # noqa: E402
-from mvgpt.rope_scaling import SCALING_METHODS  # noqa: E402
-from mvgpt.train import configure_optimizer, lr_at  # noqa: E402
+from mvgpt.bench import machine
+from mvgpt.checkpoint import CHECKPOINT_NAME, config_from_dict, read_checkpoint, save_checkpoint
+from mvgpt.data import DATA_DIR, data_tokenizer_hash, get_batch, load_tokens
+from mvgpt.device import pick_device
+from mvgpt.io import write_json
+from mvgpt.model import GPT, GPTConfig
+from mvgpt.perf import tune_malloc
+from mvgpt.precision import CHOICES as DTYPE_CHOICES
+from mvgpt.precision import autocast, dtype_name, resolve_dtype
+from mvgpt.rope_scaling import SCALING_METHODS
+from mvgpt.train import configure_optimizer, lr_at
 
 EVAL_SEED = 1234  # the held-out batches are the same for every run
 DEFAULT_MINUTES = 10.0  # a run without --max-steps trains this long, as the episode does

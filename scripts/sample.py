@@ -15,21 +15,18 @@ Examples:
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from mvgpt.checkpoint import load_model  # noqa: E402
-from mvgpt.cli import add_context_args, apply_context_args  # noqa: E402
-from mvgpt.data import DATA_DIR, data_tokenizer_hash  # noqa: E402
-from mvgpt.device import pick_device  # noqa: E402
-from mvgpt.lora import load_adapter  # noqa: E402
-from mvgpt.precision import CHOICES as DTYPE_CHOICES  # noqa: E402
-from mvgpt.precision import resolve_dtype  # noqa: E402
-from mvgpt.tokenizer import Tokenizer  # noqa: E402
+from mvgpt.checkpoint import load_model
+from mvgpt.cli import add_context_args, apply_context_args
+from mvgpt.data import DATA_DIR, data_tokenizer_hash
+from mvgpt.device import pick_device
+from mvgpt.lora import load_adapter
+from mvgpt.precision import CHOICES as DTYPE_CHOICES
+from mvgpt.precision import resolve_dtype
+from mvgpt.tokenizer import Tokenizer
 
 
 def main(argv: list[str] | None = None) -> str:
