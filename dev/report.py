@@ -328,7 +328,7 @@ def lora(r: dict) -> dict:
     d = r["lora.json"]
     command = d.get("command") or f"python scripts/finetune.py --init-from {d['base']} --json results/lora.json"
     pct = lambda v: "–" if v is None else f"{v:.0%}"
-    body = table(["", ""], [
+    body = table(["run", f"`{d['run']}`"], [
         ["base", f"`{d['base']}`"],
         ["rank r, alpha", f"{d['rank']}, {d['alpha']:g} (on {d['layers']} linear layers)"],
         ["trainable weights", f"{d['trainable']:,} of {d['params']:,} ({d['trainable_share']:.2%})"],
@@ -342,7 +342,7 @@ def lora(r: dict) -> dict:
          else f"{d['train_loss_first']:.4f} at the first step, {d['train_loss_last']:.4f} at the last"],
         ["held-out story loss", f"{d['val_loss']:.4f}"],
     ], "ll")
-    out = {"lora": head(("lora.json", {**d, "command": command})) + f"`{d['run']}`:\n\n" + body}
+    out = {"lora": head(("lora.json", {**d, "command": command})) + body}
     m = d.get("measure")
     if not m:
         out["lora"] += "\nNo measurement in the JSON (it was written with `--prompts 0`).\n"
@@ -370,8 +370,8 @@ def llama_cpp(r: dict) -> dict:
     command = d.get("command") or ("python scripts/export_check.py --gguf --ctx " + " ".join(map(str, d["contexts"]))
                                    + " --json results/llama_cpp.json")
     name = lambda x: f"`{Path(x['checkpoint']).parent.name}`"
-    options = lambda o: ", ".join(f"`{k}` {v:g}" if isinstance(v, float) else f"`{k}` {v}"
-                                  for k, v in o.items() if v is not None)
+    options = lambda o, plain: ", ".join(f"`{k}` {v:g}" if isinstance(v, float) else f"`{k}` {v}"
+                                         for k, v in o.items() if v is not None and v != plain.get(k))
     body = f"llama.cpp: {d['llama_cpp']}. Each sweep cell reads {d['sweep_tokens']:,} held-out tokens.\n\n"
     body += table(["model", "llama.cpp architecture", "greedy story", "held-out text tokenized"], [
         [name(x), f"`{x['architecture']}`",
@@ -379,16 +379,18 @@ def llama_cpp(r: dict) -> dict:
          f"{x['held_out_tokens']:,} tokens, " + ("the same" if x["held_out_tokens_match"] else "different")]
         for x in d["models"]], "lll")
     for x in d["models"]:
-        body += (f"\n{name(x)} (trained at {x['train_ctx']} tokens): loss on the same chunks, ours with the exact "
-                 "GELU and with llama.cpp's, and the largest difference on one token against llama.cpp:\n\n")
-        body += table(["n_ctx", "method", "mvGPT", "mvGPT, ggml GELU", "llama.cpp", "max |Δ|", "max |Δ|, ggml GELU"],
+        body += (f"\n{name(x)} (trained at {x['train_ctx']} tokens): mean loss on the same chunks, ours with the "
+                 "exact GELU and with llama.cpp's, and llama.cpp's; max Δ: the largest difference between "
+                 "llama.cpp's loss and ours on one token:\n\n")
+        body += table(["n_ctx", "method", "mvGPT", "mvGPT, ggml GELU", "llama.cpp", "max Δ", "max Δ, ggml GELU"],
                       [[s["ctx"], s["method"], f"{s['loss_mvgpt']:.5f}", f"{s['loss_mvgpt_ggml_gelu']:.5f}",
                         f"{s['loss_llama_cpp']:.5f}", f"{s['max_token_loss_difference']:.1e}",
-                        f"{s['max_token_loss_difference_ggml_gelu']:.1e}"] for s in x["sweep"]], "ll")
-        given = [f"{s['method']} at {s['ctx']}: {options(s['llama_cpp_options'])}" for s in x["sweep"]
+                        f"{s['max_token_loss_difference_ggml_gelu']:.1e}"] for s in x["sweep"]], "rl")
+        plain = next((s["llama_cpp_options"] for s in x["sweep"] if s["method"] == "none"), {})
+        given = [f"{s['method']} at {s['ctx']}: {options(s['llama_cpp_options'], plain)}" for s in x["sweep"]
                  if s["llama_cpp_options"] and s["method"] != "none"]
         if given:
-            body += "\nllama.cpp's rope options: " + "; ".join(given) + ".\n"
+            body += "\nllama.cpp's rope options, where they differ from plain RoPE's: " + "; ".join(given) + ".\n"
         if x["not_in_llama_cpp"]:
             body += f"\nNot in llama.cpp: {', '.join(x['not_in_llama_cpp'])}.\n"
     cells = [s for x in d["models"] for s in x["sweep"]]
