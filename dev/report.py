@@ -387,8 +387,8 @@ def llama_cpp(r: dict) -> dict:
                         f"{s['loss_llama_cpp']:.5f}", f"{s['max_token_loss_difference']:.1e}",
                         f"{s['max_token_loss_difference_ggml_gelu']:.1e}"] for s in x["sweep"]], "rl")
         plain = next((s["llama_cpp_options"] for s in x["sweep"] if s["method"] == "none"), {})
-        given = [f"{s['method']} at {s['ctx']}: {options(s['llama_cpp_options'], plain)}" for s in x["sweep"]
-                 if s["llama_cpp_options"] and s["method"] != "none"]
+        given = [f"{s['method']} at {s['ctx']}: {o}" for s in x["sweep"]
+                 if s["method"] != "none" and (o := options(s["llama_cpp_options"], plain))]
         if given:
             body += "\nllama.cpp's rope options, where they differ from plain RoPE's: " + "; ".join(given) + ".\n"
         if x["not_in_llama_cpp"]:

@@ -315,7 +315,7 @@ def llama_cpp_json() -> dict:
                "not_in_llama_cpp": ["linear at 256", "linear at 512"]}
     rope = {**learned, "checkpoint": "checkpoints/pretrain-rope/ckpt.pt", "export": "exports/pretrain-rope.gguf",
             "architecture": "gptneox", "match": False, "first_difference": 7, "held_out_tokens_match": False,
-            "sweep": [cell(256, "none", plain, 2.125, -2e-5, 4e-3, 3e-6),
+            "sweep": [cell(256, "none", plain, 2.125, -2e-5, 4e-3, 3e-6), cell(256, "yarn", plain, 2.125, 0, 0, 0),
                       cell(512, "linear", {**plain, "type": "linear", "factor": 2.0}, 2.5, 3e-5, 5e-3, 1e-6)],
             "not_in_llama_cpp": []}
     return {"machine": MACHINE, "llama_cpp": "llama-cpp-python 0.3.16 (llama.cpp built from source by pip install "
@@ -337,12 +337,13 @@ def test_llama_cpp_tables_from_export_check_json(tmp_path):
     assert ["512", "linear", "2.50000", "2.50003", "2.50003", "5.0e-03", "1.0e-06"] in rows
     assert "Not in llama.cpp: linear at 256, linear at 512.\n" in page
     assert "rope options, where they differ from plain RoPE's: linear at 512: `type` linear, `factor` 2.\n" in page
-    assert page.count("rope options") == 1  # none and the learned model's empty options are not listed
-    assert ("Over these 3 cells, llama.cpp's GELU moves our mean loss by at most 3.0e-05; the largest difference "
+    assert page.count("rope options") == 1  # none, yarn as plain RoPE and the learned model's {} are not listed
+    assert ("Over these 4 cells, llama.cpp's GELU moves our mean loss by at most 3.0e-05; the largest difference "
             "on one token from llama.cpp is 5.0e-03 with our exact GELU and 3.0e-06 with llama.cpp's.") in page
     perplexity = tables["llama-cpp-perplexity"]
     assert "16,384 tokens a cell" in perplexity
     assert rows_of(perplexity)[1:] == [
         ["`pretrain`", "256", "none", f"{math.exp(2.25):.3f}", f"{math.exp(2.25 + 1e-5 + 1e-6):.3f}"],
         ["`pretrain-rope`", "256", "none", f"{math.exp(2.125):.3f}", f"{math.exp(2.125 - 2e-5 + 1e-6):.3f}"],
+        ["`pretrain-rope`", "256", "yarn", f"{math.exp(2.125):.3f}", f"{math.exp(2.125 + 1e-6):.3f}"],
         ["`pretrain-rope`", "512", "linear", f"{math.exp(2.5):.3f}", f"{math.exp(2.5 + 3e-5 + 1e-6):.3f}"]]
