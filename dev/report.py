@@ -312,6 +312,104 @@ def bench(r: dict) -> dict:
             "bench.png": draw}
 
 
+def quoted(text: str, limit: int = 400) -> str:
+    """A generated story as a markdown quote: up to its first <|endoftext|>, cut at a word near `limit`
+    characters, markdown's special characters escaped so the story shows as written."""
+    text = text.split("<|endoftext|>")[0].strip()
+    if len(text) > limit:
+        text = text[:limit].rsplit(" ", 1)[0] + " …"
+    text = re.sub(r"([\\`*_\[\]<>#|])", r"\\\1", text)
+    return "".join(f"> {line}\n" if line.strip() else ">\n" for line in text.splitlines()) or "> (nothing)\n"
+
+
+def lora(r: dict) -> dict:
+    """finetune.py --json: the run (sizes, steps, losses) and the base beside the fine-tuned model on held-out
+    prompts."""
+    d = r["lora.json"]
+    command = d.get("command") or f"python scripts/finetune.py --init-from {d['base']} --json results/lora.json"
+    pct = lambda v: "–" if v is None else f"{v:.0%}"
+    body = table(["run", f"`{d['run']}`"], [
+        ["base", f"`{d['base']}`"],
+        ["rank r, alpha", f"{d['rank']}, {d['alpha']:g} (on {d['layers']} linear layers)"],
+        ["trainable weights", f"{d['trainable']:,} of {d['params']:,} ({d['trainable_share']:.2%})"],
+        ["adapter file", f"{d['adapter_bytes'] / 1e6:.2f} MB ({d['adapter_weight_bytes'] / 1e6:.2f} MB of A and B, "
+                         "the rest the optimizer's moments)"],
+        ["base checkpoint", f"{d['checkpoint_bytes'] / 1e6:.1f} MB: the adapter is "
+                            f"{d['adapter_share_of_checkpoint']:.1%} of it"],
+        ["training", f"{d['steps']:,} steps of {d['batch_size']} examples, lr {d['lr']:g}, {d['minutes']:.1f} min"],
+        ["examples", f"{d['train_examples']:,} for training, {d['val_examples']:,} held out"],
+        ["training batch loss", "–" if d["train_loss_first"] is None
+         else f"{d['train_loss_first']:.4f} at the first step, {d['train_loss_last']:.4f} at the last"],
+        ["held-out story loss", f"{d['val_loss']:.4f}"],
+    ], "ll")
+    out = {"lora": head(("lora.json", {**d, "command": command})) + body}
+    m = d.get("measure")
+    if not m:
+        out["lora"] += "\nNo measurement in the JSON (it was written with `--prompts 0`).\n"
+        return out
+    out["lora"] += (
+        f"\nThe base and `{d['run']}` on the same {m['prompts']} held-out prompts ({m['dialogue_prompts']} ask for "
+        f"Dialogue), each story at most {m['gen_tokens']} tokens, sampled with the same seeds (temperature "
+        f"{m['temperature']:g}, top-k {m['top_k']}, seed {m['seed']} and up); the story loss over "
+        f"{m['loss_examples']} held-out examples:\n\n" + table(
+            ["model", "story loss", "requested words used", "Dialogue prompts quoted", "quotes when not asked",
+             "tokens per story"],
+            [[f"`{x['model']}`", f"{x['story_loss']:.4f}", pct(x["words_used"]), pct(x["dialogue_quoted"]),
+              pct(x["quotes_unasked"]), f"{x['story_tokens']:.0f}"] for x in m["rows"]]))
+    sample = m.get("sample") or {}
+    if sample.get("prompt") and all(x["model"] in sample for x in m["rows"]):
+        out["lora"] += ("\nThe first prompt and each model's story (as generated, cut at about 400 characters):\n\n"
+                        f"```text\n{sample['prompt'].strip()}\n```\n\n" + "\n".join(
+                            f"`{x['model']}`:\n\n{quoted(sample[x['model']])}" for x in m["rows"]))
+    return out
+
+
+def llama_cpp(r: dict) -> dict:
+    """export_check.py --gguf: llama.cpp's greedy story, tokenizer and perplexity beside ours on the same chunks."""
+    d = r["llama_cpp.json"]
+    command = d.get("command") or ("python scripts/export_check.py --gguf --ctx " + " ".join(map(str, d["contexts"]))
+                                   + " --json results/llama_cpp.json")
+    name = lambda x: f"`{Path(x['checkpoint']).parent.name}`"
+    options = lambda o, plain: ", ".join(f"`{k}` {v:g}" if isinstance(v, float) else f"`{k}` {v}"
+                                         for k, v in o.items() if v is not None and v != plain.get(k))
+    body = f"llama.cpp: {d['llama_cpp']}. Each sweep cell reads {d['sweep_tokens']:,} held-out tokens.\n\n"
+    body += table(["model", "llama.cpp architecture", "greedy story", "held-out text tokenized"], [
+        [name(x), f"`{x['architecture']}`",
+         f"{x['new_tokens']} tokens, " + ("the same" if x["match"] else f"differs at token {x['first_difference']}"),
+         f"{x['held_out_tokens']:,} tokens, " + ("the same" if x["held_out_tokens_match"] else "different")]
+        for x in d["models"]], "lll")
+    for x in d["models"]:
+        body += (f"\n{name(x)} (trained at {x['train_ctx']} tokens): mean loss on the same chunks, ours with the "
+                 "exact GELU and with llama.cpp's, and llama.cpp's; max Δ: the largest difference between "
+                 "llama.cpp's loss and ours on one token:\n\n")
+        body += table(["n_ctx", "method", "mvGPT", "mvGPT, ggml GELU", "llama.cpp", "max Δ", "max Δ, ggml GELU"],
+                      [[s["ctx"], s["method"], f"{s['loss_mvgpt']:.5f}", f"{s['loss_mvgpt_ggml_gelu']:.5f}",
+                        f"{s['loss_llama_cpp']:.5f}", f"{s['max_token_loss_difference']:.1e}",
+                        f"{s['max_token_loss_difference_ggml_gelu']:.1e}"] for s in x["sweep"]], "rl")
+        plain = next((s["llama_cpp_options"] for s in x["sweep"] if s["method"] == "none"), {})
+        given = [f"{s['method']} at {s['ctx']}: {o}" for s in x["sweep"]
+                 if s["method"] != "none" and (o := options(s["llama_cpp_options"], plain))]
+        if given:
+            body += "\nllama.cpp's rope options, where they differ from plain RoPE's: " + "; ".join(given) + ".\n"
+        if x["not_in_llama_cpp"]:
+            body += f"\nNot in llama.cpp: {', '.join(x['not_in_llama_cpp'])}.\n"
+    cells = [s for x in d["models"] for s in x["sweep"]]
+    if cells:
+        body += (f"\nOver these {len(cells)} cells, llama.cpp's GELU moves our mean loss by at most "
+                 f"{max(abs(s['loss_mvgpt_ggml_gelu'] - s['loss_mvgpt']) for s in cells):.1e}; the largest "
+                 f"difference on one token from llama.cpp is {max(s['max_token_loss_difference'] for s in cells):.1e}"
+                 f" with our exact GELU and {max(s['max_token_loss_difference_ggml_gelu'] for s in cells):.1e} with "
+                 "llama.cpp's.\n")
+    perplexity = head(("llama_cpp.json", {**d, "command": command})) + (
+        f"Perplexity over the same held-out chunks ({d['sweep_tokens']:,} tokens a cell, the second half of each "
+        "chunk scored), with llama.cpp's own rope options for each method:\n\n") + table(
+        ["model", "n_ctx", "method", "mvGPT", "llama.cpp"],
+        [[name(x), s["ctx"], s["method"], f"{s['perplexity_mvgpt']:.3f}", f"{s['perplexity_llama_cpp']:.3f}"]
+         for x in d["models"] for s in x["sweep"]], "lrl")
+    return {"llama-cpp": head(("llama_cpp.json", {**d, "command": command})) + body,
+            "llama-cpp-perplexity": perplexity}
+
+
 def ours(r: dict, where: str) -> float | None:
     """Our figure for an episode one: "file:model:method:field" (a row), "file:@step:field" (an evaluation of a
     run), "file::field" (the file's own), or "A / B" and "A - B" of two of those. None if not measured."""
@@ -413,6 +511,8 @@ OUTPUTS: list[tuple[tuple[str, ...], tuple[str, ...], Callable[[dict], dict], tu
     (("dynamic.json",), (), streams("dynamic", "{streams} streams of {length} held-out tokens read one at a time "
                                     "into a cache that never slides; loss past the first window."), ("dynamic",)),
     ((FINETUNE,), (), finetune, ("finetune",)),
+    (("lora.json",), (), lora, ("lora",)),
+    (("llama_cpp.json",), (), llama_cpp, ("llama-cpp", "llama-cpp-perplexity")),
     (("bench.json",), (), bench, ("bench", "bench-profiles", "bench.png")),
     (("episode.json",), (*RUNS, "evaluate.json", "context.json", "context-gpu.json"), episode, ("episode",)),
     ((), (), rope_speeds, ("rope-speeds",)),

@@ -243,3 +243,107 @@ def test_figures_are_pngs_and_a_missing_input_a_placeholder(results, tmp_path):
     for name in ("training-loss", "context-loss", "sweep", "bench", "rope-rotation"):
         assert (docs / "figures" / f"{name}.png").read_bytes().startswith(PNG), name
     assert "`pretrain.json` is not in `results/`" in (docs / "results" / "training.md").read_text()
+
+
+def lora_json(measured: bool = True) -> dict:
+    """The format finetune.py --json writes into results/lora.json."""
+    d = {"run": "lora-rope", "base": "checkpoints/pretrain-rope", "rank": 8, "alpha": 16.0, "layers": 24,
+         "steps": 150, "batch_size": 8, "lr": 0.002, "minutes": 3.25, "val_loss": 1.875, "train_loss_first": 2.5,
+         "train_loss_last": 1.9375, "train_examples": 20000, "val_examples": 500, "trainable": 294912,
+         "params": 14088192, "trainable_share": 294912 / 14088192, "adapter_bytes": 3_600_000,
+         "adapter_weight_bytes": 1_179_648, "checkpoint_bytes": 165_000_000,
+         "adapter_share_of_checkpoint": 3_600_000 / 165_000_000, "machine": MACHINE}
+    if measured:
+        rows = [{"model": "base", "story_loss": 2.25, "words_used": 0.375, "dialogue_quoted": 0.5,
+                 "quotes_unasked": 0.25, "story_tokens": 150.5},
+                {"model": "lora-rope", "story_loss": 1.875, "words_used": 0.875, "dialogue_quoted": 1.0,
+                 "quotes_unasked": None, "story_tokens": 120.25}]
+        d["measure"] = {"prompts": 24, "dialogue_prompts": 10, "loss_examples": 64, "gen_tokens": 160,
+                        "temperature": 0.8, "top_k": 50, "seed": 1337, "seconds": 95.5, "rows": rows,
+                        "sample": {"prompt": "Words: kite, windy, string\nFeatures: Dialogue\nStory:\n",
+                                   "base": "Tom had a *red* kite.<|endoftext|>Once upon",
+                                   "lora-rope": "It was windy. \"Look!\" said Mia.\n\nThe string broke."}}
+    return d
+
+
+def test_lora_table_from_finetune_json(tmp_path):
+    (tmp_path / "lora.json").write_text(json.dumps(lora_json()))
+    lora = report.build(tmp_path)[0]["lora"]
+    assert lora.startswith("From `results/lora.json` (made by `python scripts/finetune.py --init-from "
+                           "checkpoints/pretrain-rope --json results/lora.json`)")
+    assert f"Machine: {MACHINE}\n" in lora
+    run, measured = (rows_of(part) for part in lora.split("The base and", 1))
+    assert run[0] == ["run", "`lora-rope`"]
+    run = dict(run[1:])
+    assert run["trainable weights"] == "294,912 of 14,088,192 (2.09%)"
+    assert run["rank r, alpha"] == "8, 16 (on 24 linear layers)"
+    assert run["adapter file"].startswith("3.60 MB (1.18 MB of A and B")
+    assert run["base checkpoint"] == "165.0 MB: the adapter is 2.2% of it"
+    assert run["training"] == "150 steps of 8 examples, lr 0.002, 3.2 min"
+    assert run["training batch loss"] == "2.5000 at the first step, 1.9375 at the last"
+    assert measured == [["model", "story loss", "requested words used", "Dialogue prompts quoted",
+                         "quotes when not asked", "tokens per story"],
+                        ["`base`", "2.2500", "38%", "50%", "25%", "150"],
+                        ["`lora-rope`", "1.8750", "88%", "100%", "–", "120"]]
+    assert "24 held-out prompts (10 ask for Dialogue)" in lora and "over 64 held-out examples" in lora
+    # the samples: the prompt as written, each story cut at <|endoftext|>, markdown escaped, quoted
+    assert "```text\nWords: kite, windy, string\nFeatures: Dialogue\nStory:\n```" in lora
+    assert "`base`:\n\n> Tom had a \\*red\\* kite.\n" in lora and "Once upon" not in lora
+    assert "`lora-rope`:\n\n> It was windy. \"Look!\" said Mia.\n>\n> The string broke.\n" in lora
+
+
+def test_lora_table_without_measurement_and_a_long_sample_is_cut():
+    assert "No measurement in the JSON" in report.lora({"lora.json": lora_json(measured=False)})["lora"]
+    assert report.quoted("word " * 200).endswith(" …\n") and len(report.quoted("word " * 200)) < 410
+
+
+def llama_cpp_json() -> dict:
+    """The format export_check.py --gguf writes into results/llama_cpp.json: a learned model (no rope options)
+    and a rope model, with one method llama.cpp does not have at one context."""
+    def cell(ctx, method, options, loss, gelu_shift, diff, diff_ggml):
+        return {"ctx": ctx, "method": method, "llama_cpp_options": options, "tokens": 1024, "loss_mvgpt": loss,
+                "loss_mvgpt_ggml_gelu": loss + gelu_shift, "loss_llama_cpp": loss + gelu_shift + 1e-6,
+                "max_token_loss_difference": diff, "max_token_loss_difference_ggml_gelu": diff_ggml,
+                "perplexity_mvgpt": math.exp(loss), "perplexity_llama_cpp": math.exp(loss + gelu_shift + 1e-6)}
+
+    plain = {"freq_base": 10000.0, "type": "none", "factor": None, "original_context": None}
+    learned = {"checkpoint": "checkpoints/pretrain/ckpt.pt", "export": "exports/pretrain.gguf",
+               "architecture": "gpt2", "step": 1000, "train_ctx": 256, "prompt": "Once upon a time",
+               "new_tokens": 200, "match": True, "first_difference": None, "held_out_tokens": 50000,
+               "held_out_tokens_match": True, "story_mvgpt": "Once upon a time",
+               "sweep": [cell(256, "none", {}, 2.25, 1e-5, 3e-3, 2e-6)],
+               "not_in_llama_cpp": ["linear at 256", "linear at 512"]}
+    rope = {**learned, "checkpoint": "checkpoints/pretrain-rope/ckpt.pt", "export": "exports/pretrain-rope.gguf",
+            "architecture": "gptneox", "match": False, "first_difference": 7, "held_out_tokens_match": False,
+            "sweep": [cell(256, "none", plain, 2.125, -2e-5, 4e-3, 3e-6), cell(256, "yarn", plain, 2.125, 0, 0, 0),
+                      cell(512, "linear", {**plain, "type": "linear", "factor": 2.0}, 2.5, 3e-5, 5e-3, 1e-6)],
+            "not_in_llama_cpp": []}
+    return {"machine": MACHINE, "llama_cpp": "llama-cpp-python 0.3.16 (llama.cpp built from source by pip install "
+            "llama-cpp-python)", "contexts": [256, 512], "methods": ["none", "linear"], "linear_factor": None,
+            "sweep_tokens": 16384, "models": [learned, rope]}
+
+
+def test_llama_cpp_tables_from_export_check_json(tmp_path):
+    (tmp_path / "llama_cpp.json").write_text(json.dumps(llama_cpp_json()))
+    tables = report.build(tmp_path)[0]
+    page = tables["llama-cpp"]
+    assert page.startswith("From `results/llama_cpp.json` (made by `python scripts/export_check.py --gguf --ctx "
+                           "256 512 --json results/llama_cpp.json`)") and f"Machine: {MACHINE}\n" in page
+    assert "llama.cpp: llama-cpp-python 0.3.16 (llama.cpp built from source" in page
+    rows = rows_of(page)
+    assert rows[1:3] == [["`pretrain`", "`gpt2`", "200 tokens, the same", "50,000 tokens, the same"],
+                         ["`pretrain-rope`", "`gptneox`", "200 tokens, differs at token 7", "50,000 tokens, different"]]
+    assert ["256", "none", "2.25000", "2.25001", "2.25001", "3.0e-03", "2.0e-06"] in rows
+    assert ["512", "linear", "2.50000", "2.50003", "2.50003", "5.0e-03", "1.0e-06"] in rows
+    assert "Not in llama.cpp: linear at 256, linear at 512.\n" in page
+    assert "rope options, where they differ from plain RoPE's: linear at 512: `type` linear, `factor` 2.\n" in page
+    assert page.count("rope options") == 1  # none, yarn as plain RoPE and the learned model's {} are not listed
+    assert ("Over these 4 cells, llama.cpp's GELU moves our mean loss by at most 3.0e-05; the largest difference "
+            "on one token from llama.cpp is 5.0e-03 with our exact GELU and 3.0e-06 with llama.cpp's.") in page
+    perplexity = tables["llama-cpp-perplexity"]
+    assert "16,384 tokens a cell" in perplexity
+    assert rows_of(perplexity)[1:] == [
+        ["`pretrain`", "256", "none", f"{math.exp(2.25):.3f}", f"{math.exp(2.25 + 1e-5 + 1e-6):.3f}"],
+        ["`pretrain-rope`", "256", "none", f"{math.exp(2.125):.3f}", f"{math.exp(2.125 - 2e-5 + 1e-6):.3f}"],
+        ["`pretrain-rope`", "256", "yarn", f"{math.exp(2.125):.3f}", f"{math.exp(2.125 + 1e-6):.3f}"],
+        ["`pretrain-rope`", "512", "linear", f"{math.exp(2.5):.3f}", f"{math.exp(2.5 + 3e-5 + 1e-6):.3f}"]]
