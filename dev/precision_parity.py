@@ -38,8 +38,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
 
     runs = {}
-    for dtype in ("float32", "auto"):
-        flags = ["--dtype", dtype, "--max-steps", str(args.max_steps), "--eval-every", str(args.eval_every),
+    for dtype, compiled in (("float32", []), ("auto", ["--compile"])):  # auto as the main job trains
+        flags = ["--dtype", dtype, *compiled, "--max-steps", str(args.max_steps), "--eval-every", str(args.eval_every),
                  "--ckpt-every", str(args.max_steps), "--data-dir", args.data_dir,
                  "--out-dir", str(Path(args.out_dir) / dtype), "--runs-dir", str(Path(args.out_dir) / "runs"),
                  *(["--rope"] if args.kind == "rope" else []), *args.extra]
