@@ -112,11 +112,24 @@ def training(r: dict) -> dict:
 
 def evaluate(r: dict) -> dict:
     d = r["evaluate.json"]
+    both = all("loss_difference" in x for x in d["rows"])  # read in bf16, and in float32 for the difference
     rows = [[f"`{x['model']}`", f"{x['params']:,}", x["context"], f"{x['loss']:.4f}", f"{x['perplexity']:.2f}",
-             f"{x['accuracy']:.1%}"] for x in d["rows"]]
+             f"{x['accuracy']:.1%}"] + ([f"{x['loss_difference']:+.4f}"] if both else []) for x in d["rows"]]
     tokens = ", ".join(dict.fromkeys(f"{x['tokens']:,}" for x in d["rows"]))
-    return {"evaluate": head(("evaluate.json", d)) + f"Over {tokens} held-out tokens.\n\n" + table(
-        ["model", "parameters", "context", "held-out loss", "perplexity", "top-1"], rows)}
+    dtypes = ", ".join(dict.fromkeys(x.get("dtype", "float32") for x in d["rows"]))
+    return {"evaluate": head(("evaluate.json", d)) + f"Over {tokens} held-out tokens, read in {dtypes}.\n\n" + table(
+        ["model", "parameters", "context", "held-out loss", "perplexity", "top-1"]
+        + (["bf16 - float32 loss"] if both else []), rows)}
+
+
+def precision(r: dict) -> dict:
+    d = r["precision.json"]
+    other = d["dtypes"][1]
+    rows = [[x["step"], f"{x['float32']:.4f}", f"{x[other]:.4f}", f"{x['difference']:+.4f}"] for x in d["rows"]]
+    verdict = "within" if d["within_tolerance"] else "outside"
+    return {"precision": head(("precision.json", d)) + f"`{d['kind']}` model, {d['steps']} steps from the same seed "
+            f"and batches; the largest held-out difference is {d['max_abs_difference']:.4f}, {verdict} the "
+            f"tolerance of {d['tolerance']}.\n\n" + table(["step", "float32", other, "difference"], rows)}
 
 
 def context(r: dict) -> dict:
@@ -502,6 +515,7 @@ OUTPUTS: list[tuple[tuple[str, ...], tuple[str, ...], Callable[[dict], dict], tu
     # (JSON needed, JSON used if present, writer, what it writes)
     (tuple(RUNS), (), training, ("training", "training-loss.png")),
     (("evaluate.json",), (), evaluate, ("evaluate",)),
+    (("precision.json",), (), precision, ("precision",)),
     (("context.json",), (), context, ("context", "context-loss.png")),
     (("data.json",), (), data, ("data",)),
     (("sweep.json",), (), sweep, ("sweep", "memory", "sweep.png")),

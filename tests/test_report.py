@@ -137,7 +137,26 @@ def test_training_table_from_pretrain_json(results, tmp_path):
     evaluate = rows_of(tables["evaluate"])
     assert evaluate[1:] == [["`pretrain`", "1,000", "32", "2.2500", f"{math.exp(2.25):.2f}", "45.7%"],
                             ["`pretrain-rope`", "900", "32", "2.1250", f"{math.exp(2.125):.2f}", "50.0%"]]
-    assert "Over 640 held-out tokens." in tables["evaluate"]
+    assert "Over 640 held-out tokens, read in float32." in tables["evaluate"]
+
+
+def test_evaluate_read_in_bf16_shows_its_difference_from_float32():
+    d = evaluate_json()
+    for x in d["rows"]:
+        x.update(dtype="bfloat16", loss_float32=x["loss"] - 0.0002, loss_difference=0.0002)
+    table = report.evaluate({"evaluate.json": d})["evaluate"]
+    assert rows_of(table)[0][-1] == "bf16 - float32 loss" and rows_of(table)[1][-1] == "+0.0002"
+    assert "read in bfloat16." in table
+
+
+def test_precision_table_lists_every_evaluation_and_the_verdict():
+    rows = [{"step": s, "float32": 3.0 - s / 100, "bfloat16": 3.01 - s / 100, "difference": 0.01} for s in (25, 50)]
+    d = {"command": "python dev/precision_parity.py", "machine": MACHINE, "kind": "rope",
+         "dtypes": ["float32", "bfloat16"], "steps": 50,
+         "rows": rows, "max_abs_difference": 0.01, "tolerance": 0.03, "within_tolerance": True}
+    table = report.precision({"precision.json": d})["precision"]
+    assert rows_of(table)[1:] == [["25", "2.7500", "2.7600", "+0.0100"], ["50", "2.5000", "2.5100", "+0.0100"]]
+    assert "the largest held-out difference is 0.0100, within the tolerance of 0.03." in table
 
 
 def test_finetune_table_from_its_pretrain_json(results):
