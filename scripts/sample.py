@@ -59,17 +59,11 @@ def main(argv: list[str] | None = None) -> str:
     ids = tokenizer.encode(args.prompt) or [tokenizer.eot]
     idx = torch.tensor([ids], device=device)
     print(args.prompt, end="", flush=True)
-    pending, out = b"", []
+    stream, out = tokenizer.stream(), []  # whole characters only: a token can end inside one
     for token in model.generate(idx, args.max_new_tokens, args.temperature, args.top_k, args.seed, not args.no_cache):
         out.append(token.item())
-        pending += tokenizer.decode_bytes([token.item()])
-        try:  # print whole characters only: a token can end inside a multi-byte one
-            text = pending.decode("utf-8")
-        except UnicodeDecodeError:
-            continue
-        print(text, end="", flush=True)
-        pending = b""
-    print()
+        print(stream.add(out[-1]), end="", flush=True)
+    print(stream.flush())
     return tokenizer.decode(out)
 
 
