@@ -1,15 +1,10 @@
-"""The edges of every script: flags checked as they are parsed, and a user's trouble as one line.
+"""The edges of every script: flags checked as they are parsed, and a user's trouble told in one line.
 
 A mistake of the user's or of the machine's (a bad flag, a missing file, no permission, a full
 disk, Ctrl-C) ends with one line on stderr naming the problem and the fix, and a non-zero exit.
-A bug in our code keeps its traceback: that is what a bug report needs.
-
-    p = ArgumentParser(description=__doc__)
-    p.add_argument("--batch-size", type=positive_int, default=16)
-    p.add_argument("--json", type=writable_file)
-    ...
-    if __name__ == "__main__":
-        run_main(main)
+A bug in our code keeps its traceback: that is what a bug report needs. A script does
+`p = ArgumentParser(...)`, `p.add_argument("--batch-size", type=positive_int)`, and ends with
+`run_main(main)`.
 """
 
 from __future__ import annotations
@@ -44,60 +39,36 @@ class ArgumentParser(argparse.ArgumentParser):
 # argparse `type=` checks: each returns the value, or says what is wrong and what would do
 
 
-def _number(text: str, kind: type) -> int | float:
-    try:
-        value = kind(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a {'whole ' if kind is int else ''}number") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"{text} is not a finite number")
-    return value
+def number(kind: type, ok: Callable[[float], bool], wanted: str) -> Callable[[str], int | float]:
+    """A finite int or float for which ok(value) holds; otherwise `... : give {wanted}`."""
+
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number: give {wanted}") from None
+        if not math.isfinite(value) or not ok(value):
+            raise argparse.ArgumentTypeError(f"{text} is out of range: give {wanted}")
+        return value
+
+    parse.__name__ = wanted  # argparse names the type in its own messages
+    return parse
 
 
 def at_least(low: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        value = _number(text, int)
-        if value < low:
-            raise argparse.ArgumentTypeError(f"{value} is too small: give {low} or more")
-        return value
-
-    parse.__name__ = f"integer >= {low}"  # argparse names the type in its messages
-    return parse
+    return number(int, lambda v: v >= low, f"a whole number >= {low}")
 
 
 positive_int = at_least(1)
 non_negative_int = at_least(0)
+positive_float = number(float, lambda v: v > 0, "a number above 0")
+non_negative_float = number(float, lambda v: v >= 0, "a number >= 0")
+share = number(float, lambda v: 0 <= v <= 1, "a number from 0 to 1")
 
 
-def positive_float(text: str) -> float:
-    value = _number(text, float)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text} is not above 0: give a positive number")
-    return value
-
-
-def non_negative_float(text: str) -> float:
-    value = _number(text, float)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text} is negative: give 0 or more")
-    return value
-
-
-def share(text: str) -> float:
-    """A fraction in [0, 1]."""
-    value = _number(text, float)
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"{text} is not between 0 and 1")
-    return value
-
-
-def writable_file(text: str) -> str:
-    """An output file we will be able to write, checked now (not after the work): its nearest
-    existing folder takes a test file (removed at once); nothing is created."""
-    path = Path(text).expanduser()
-    if path.is_dir():
-        raise argparse.ArgumentTypeError(f"{text} is a folder: give a file name")
-    folder = path.absolute().parent
+def _probe(text: str, folder: Path) -> None:
+    """Can a file be made in folder, or in its nearest existing parent (where we would make it)?
+    A test file says, and is removed at once: nothing is left behind, whatever the answer."""
     while not folder.exists():
         folder = folder.parent
     if not folder.is_dir():
@@ -106,6 +77,21 @@ def writable_file(text: str) -> str:
         tempfile.TemporaryFile(dir=folder).close()
     except OSError as e:
         raise argparse.ArgumentTypeError(f"cannot write {text} ({e.strerror}): pick a writable path") from None
+
+
+def writable_file(text: str) -> str:
+    """An output file we will be able to write, checked now rather than after the work."""
+    if Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a folder: give a file name")
+    _probe(text, Path(text).absolute().parent)
+    return text
+
+
+def writable_folder(text: str) -> str:
+    """An output folder (there or to be made) we will be able to write in."""
+    if Path(text).exists() and not Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a file: give a folder")
+    _probe(text, Path(text).absolute())
     return text
 
 
@@ -132,10 +118,10 @@ def run_main(main: Callable[[], object], interrupted: str = "run the command aga
     try:
         main()
     except KeyboardInterrupt:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the message
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the message short
         sys.stderr.write(f"interrupted (Ctrl-C): {interrupted}\n")
         raise SystemExit(130) from None
-    except BrokenPipeError:  # `... | head`: the reader left; nothing more to say
+    except BrokenPipeError:  # `... | head`: the reader left, there is no one to tell
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise SystemExit(1) from None
     except OSError as e:
