@@ -1,0 +1,208 @@
+"""Every bad input we know of, through the real command line: one line, a non-zero exit, nothing lost.
+
+Each case runs a script as `python scripts/X.py ARGS` does (its __main__ block, argparse, run_main)
+in a world of its own: a folder holding prepared data and tiny checkpoints under the default names
+(data/, checkpoints/pretrain, ...), the working directory of every case. A case's process is forked
+from a driver that imported the scripts once: a fresh interpreter per case would spend minutes
+importing torch on two cores. Each must exit non-zero with exactly one line on stderr and no
+traceback, and leave every file of the world as it was (hashes before and after).
+Kill -9 and Ctrl-C of prepare, pretrain and main run as real processes, below the table.
+
+docs/errors.md is made from this table and what each case printed: `python dev/errors_page.py`
+writes it; test_the_docs_page_is_up_to_date fails when it has drifted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import runpy
+import signal
+import subprocess
+import sys
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ROOT, tiny_config, write_corpus
+
+from mvgpt.checkpoint import save_checkpoint
+from mvgpt.data import data_tokenizer_hash, prepare
+from mvgpt.model import GPT
+
+SCRIPTS = ROOT / "scripts"
+CASE_SECONDS = 60  # a case still running after this did work instead of refusing: a failure
+
+
+@dataclass
+class Case:
+    script: str  # scripts/NAME.py
+    args: str  # as typed, in the world's folder
+    expect: str  # a piece of the one line
+    why: str = ""  # what the case tries, for the docs page
+
+    @property
+    def command(self) -> str:
+        return f"python scripts/{self.script}.py {self.args}".strip()
+
+
+CASES: list[Case] = [
+    # prepare: checked before anything is read or deleted
+    Case("prepare", "--source stories --vocab-size 0", "--vocab-size: 0 is out of range", "a typo on prepared data"),
+    Case("prepare", "--source stories --vocab-size 70000", "give a whole number from 258 to 65536",
+         "ids must fit in uint16"),
+    Case("prepare", "--source stories --max-train-mb nan", "--max-train-mb: nan is out of range"),
+    Case("prepare", "--source stories --data-dir notes.txt", "notes.txt is a file: give a folder"),
+    Case("prepare", "--source stories --json notes.txt/counts.json", "notes.txt is a file, not a folder"),
+    Case("prepare", "--source missing", "source missing does not exist"),
+    Case("prepare", "--source latin1.txt", "is not UTF-8 text", "a source in another encoding"),
+    Case("prepare", "--source notes.txt", "no <|endoftext|> separators"),
+]
+
+
+# ----------------------------------------------------------------------------------------------
+# The world every case runs in
+
+
+def make_world(root: Path) -> Path:
+    """Data, checkpoints and a user's files under the names the scripts use by default."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "stories").mkdir()
+    write_corpus(root / "stories" / "train.txt", 300, seed=1)
+    write_corpus(root / "stories" / "valid.txt", 40, seed=2)
+    prepare(root / "stories", root / "data", vocab_size=300)
+    tok_hash = data_tokenizer_hash(root / "data")
+    for name, rope in (("pretrain", False), ("pretrain-rope", True)):
+        torch.manual_seed(0)
+        model = GPT(tiny_config(vocab_size=300, rope=rope))
+        save_checkpoint(root / "checkpoints" / name, model, step=3, tokenizer_hash=tok_hash)
+        (root / "checkpoints" / name / "log.jsonl").write_text('{"step": 3, "loss": 5.0}\n')
+    save_checkpoint(root / "other-tokenizer.pt", GPT(tiny_config(vocab_size=300)), tokenizer_hash="0123456789abcdef")
+    (root / "corrupt.pt").write_bytes(b"not a checkpoint" * 64)
+    (root / "latin1.txt").write_bytes("Zoë saw a café.\n<|endoftext|>\nTom too.\n<|endoftext|>\n".encode("latin-1"))
+    (root / "notes.txt").write_text("a file of the user's, not a folder\n")
+    (root / "exports" / "mine").mkdir(parents=True)
+    (root / "exports" / "mine" / "README.md").write_text("my own notes\n")
+    return root
+
+
+def hashes(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+# ----------------------------------------------------------------------------------------------
+# The driver: one process imports everything, each case is a fork of it
+
+
+def run_case(case: Case, world: Path) -> dict:
+    """Fork; the child runs the script as __main__ with the case's argv; the parent waits."""
+    out, err = world.parent / "case.out", world.parent / "case.err"
+    before = hashes(world)
+    pid = os.fork()
+    if pid == 0:  # the child: as the interpreter runs `python scripts/X.py ARGS`
+        code = 1
+        try:
+            signal.alarm(CASE_SECONDS)
+            for fd, path in ((1, out), (2, err)):
+                os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+            script = str(SCRIPTS / f"{case.script}.py")
+            sys.argv = [script, *case.args.split()]
+            runpy.run_path(script, run_name="__main__")
+            code = 0
+        except SystemExit as e:  # what the interpreter does with it
+            code = 0 if e.code is None else e.code if isinstance(e.code, int) else 1
+            if not isinstance(e.code, int) and e.code is not None:
+                sys.stderr.write(f"{e.code}\n")
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    after = hashes(world)
+    return {
+        "command": case.command,
+        "code": os.waitstatus_to_exitcode(status),
+        "stderr": err.read_text(errors="replace"),
+        "changed": sorted(k for k in before if before[k] != after.get(k)),
+        "new": sorted(after.keys() - before.keys()),
+    }
+
+
+def drive(world: Path, results: Path) -> None:
+    """The driver's main: import what the scripts import, then run every case in the world."""
+    os.chdir(world)
+    for name in sorted({c.script for c in CASES}):
+        runpy.run_path(str(SCRIPTS / f"{name}.py"), run_name="preload")  # imports only: main() is not run
+    results.write_text(json.dumps([run_case(case, world) for case in CASES]))
+
+
+def run_all(folder: Path) -> list[dict]:
+    world = make_world(folder / "world")
+    results = folder / "results.json"
+    code = (f"import sys; sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / 'tests')!r}]\n"
+            f"from pathlib import Path; from test_cli_errors import drive\n"
+            f"drive(Path({str(world)!r}), Path({str(results)!r}))")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=30 * 60)
+    outcomes = json.loads(results.read_text())
+    for outcome in outcomes:  # paths in the messages read as typed, from the world's folder
+        outcome["stderr"] = outcome["stderr"].replace(str(world) + "/", "").replace(str(world), ".")
+    return outcomes
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory) -> list[dict]:
+    return run_all(tmp_path_factory.mktemp("cli"))
+
+
+def test_every_case_is_a_different_command():
+    assert len({c.command for c in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize("i", range(len(CASES)), ids=[c.command.removeprefix("python scripts/") for c in CASES])
+def test_bad_input_is_one_line_a_nonzero_exit_and_nothing_lost(outcomes, i):
+    case, got = CASES[i], outcomes[i]
+    lines = got["stderr"].splitlines()
+    assert "Traceback" not in got["stderr"], got["stderr"]
+    assert got["code"] != 0 and len(lines) == 1, got
+    assert case.expect in lines[0], lines[0]
+    assert got["changed"] == [] and got["new"] == [], got
+
+
+# ----------------------------------------------------------------------------------------------
+# The docs page, made from the table
+
+
+def test_the_docs_page_is_up_to_date(outcomes):
+    written = (ROOT / "docs" / "errors.md").read_text(encoding="utf-8")
+    assert written == page(outcomes), "docs/errors.md has drifted from the table: run `python dev/errors_page.py`"
+
+
+def page(outcomes: list[dict]) -> str:
+    """One terminal session per script: each command, its one line, its exit code."""
+    sessions: dict[str, list[str]] = {}
+    for case, got in zip(CASES, outcomes, strict=True):
+        why = f"   # {case.why}" if case.why else ""
+        sessions.setdefault(case.script, []).append(f"$ {got['command']}{why}\n{got['stderr']}(exit {got['code']})")
+    body = "\n\n".join(f"## {name}.py\n\n```console\n" + "\n".join(runs) + "\n```" for name, runs in sessions.items())
+    return PAGE.format(count=len(CASES), body=body)
+
+
+PAGE = """# What a bad input gets
+
+Every command below was run by `tests/test_cli_errors.py` in a folder holding prepared data
+(`data/`), two tiny run folders (`checkpoints/pretrain`, `checkpoints/pretrain-rope`) and a few
+files of a user's (`notes.txt`, `exports/mine/README.md`, ...). Each stopped before any work with
+the one line shown, on stderr, and the exit code shown, and left every file as it was. The page is
+made from the test's table by `python dev/errors_page.py`; the test fails when it no longer matches.
+
+{count} inputs.
+
+{body}
+"""
