@@ -21,6 +21,7 @@ import runpy
 import signal
 import subprocess
 import sys
+import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,8 +30,8 @@ import pytest
 import torch
 from conftest import ROOT, tiny_config, write_corpus
 
-from mvgpt.checkpoint import save_checkpoint
-from mvgpt.data import data_tokenizer_hash, prepare
+from mvgpt.checkpoint import read_checkpoint, save_checkpoint
+from mvgpt.data import data_tokenizer_hash, prepare, read_meta
 from mvgpt.model import GPT
 
 SCRIPTS = ROOT / "scripts"
@@ -206,3 +207,87 @@ made from the test's table by `python dev/errors_page.py`; the test fails when i
 
 {body}
 """
+
+
+# ----------------------------------------------------------------------------------------------
+# Stopped midway: Ctrl-C (SIGINT, to the whole process group, as a terminal sends it) and kill -9
+
+
+TINY_RUN = ("--n-layer 1 --n-head 2 --n-embd 32 --block-size 16 --batch-size 4 --eval-every 1000 "
+            "--eval-batches 1 --ckpt-every 1 --minutes 0 --data-dir data --runs-dir runs").split()
+
+
+def python(world: Path, script: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPTS / script), *args], cwd=world, capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1"), timeout=600)
+
+
+def stop_midway(world: Path, argv: list[str], ready, sig: int) -> tuple[int, str]:
+    """Start `python ARGV` in world, wait until ready() (it is then mid-work), send sig to its group."""
+    with open(world.parent / "midway.out", "w") as out:
+        child = subprocess.Popen([sys.executable, *argv], cwd=world, stdout=out, stderr=subprocess.PIPE, text=True,
+                                 env=dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1"),
+                                 start_new_session=True)
+        deadline = time.monotonic() + 300
+        while not ready() and child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert child.poll() is None, f"it ended before it could be stopped: {child.stderr.read()}"
+        os.killpg(child.pid, sig)
+        _, err = child.communicate(timeout=300)
+    assert "Traceback" not in err, err
+    return child.returncode, err
+
+
+@pytest.fixture
+def world(tmp_path) -> Path:
+    return make_world(tmp_path / "world")
+
+
+def data_kept(world: Path, before: dict[str, str]) -> None:
+    assert hashes(world / "data") == before  # no staging folder, no temp file, nothing replaced
+    assert read_meta(world / "data") is not None
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "kill-9"])
+def test_prepare_stopped_midway_keeps_the_data(world, sig):
+    before = hashes(world / "data")
+    (world / "big").mkdir()
+    write_corpus(world / "big" / "train.txt", 30000, seed=7)  # long enough to be caught midway
+    write_corpus(world / "big" / "valid.txt", 10, seed=8)
+    code, err = stop_midway(world, [str(SCRIPTS / "prepare.py"), "--source", "big", "--vocab-size", "400"],
+                            lambda: any((world / "data").glob(".prepare.tmp*")), sig)
+    if sig == signal.SIGINT:
+        assert code == 130 and err.startswith("interrupted (Ctrl-C): nothing was changed") and err.count("\n") == 1
+    else:
+        assert code == -9
+        again = python(world, "prepare.py", "--source", "stories", "--vocab-size", "300")
+        assert again.returncode == 0 and "already prepared" in again.stdout  # and the leftovers are gone
+    data_kept(world, before)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "kill-9"])
+def test_pretrain_stopped_midway_keeps_a_checkpoint_that_resumes(world, sig):
+    before = hashes(world)
+    run = world / "checkpoints" / "fresh"
+    code, err = stop_midway(world, [str(SCRIPTS / "pretrain.py"), *TINY_RUN, "--out-dir", str(run),
+                                    "--max-steps", "1000000"], (run / "ckpt.pt").exists, sig)
+    assert code == (130 if sig == signal.SIGINT else -9) and err.count("\n") <= 1, err
+    step = read_checkpoint(run)["step"]
+    assert step >= 1
+    again = python(world, "pretrain.py", *TINY_RUN, "--out-dir", str(run), "--max-steps", str(step + 1), "--resume")
+    assert again.returncode == 0, again.stderr
+    assert read_checkpoint(run)["step"] == step + 1
+    after = hashes(world)
+    assert {k: v for k, v in after.items() if k in before} == before  # the other runs and the data untouched
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "kill-9"])
+def test_main_stopped_midway_keeps_its_data_and_checkpoint(world, sig):
+    out = world / "job"
+    code, err = stop_midway(world, [str(SCRIPTS / "main.py"), "--source", "stories", "--tiny", "--out", "job",
+                                    "--max-steps", "1000000", "--device", "cpu"],
+                            (out / "checkpoints" / "pretrain" / "ckpt.pt").exists, sig)
+    assert code == (130 if sig == signal.SIGINT else -9) and err.count("\n") <= 1, err
+    assert read_meta(out / "data") is not None and read_checkpoint(out / "checkpoints" / "pretrain")["step"] >= 1
+    if sig == signal.SIGINT:
+        assert not list(out.rglob(".*tmp*")) and not (out / "checkpoints" / "pretrain" / "lock").exists()
