@@ -11,6 +11,7 @@ line, and the previous checkpoint stays as it was.
 
 from __future__ import annotations
 
+import argparse
 import logging
 import math
 import os
@@ -37,6 +38,14 @@ def checkpoint_path(path: str | os.PathLike) -> Path:
     """A run folder means its ckpt.pt; a file means itself."""
     path = Path(path)
     return path / CHECKPOINT_NAME if path.is_dir() else path
+
+
+def checkpoint_arg(text: str) -> str:
+    """An argparse type: a run folder with a checkpoint, or a checkpoint file, checked to be there."""
+    if not checkpoint_path(text).is_file():
+        raise argparse.ArgumentTypeError(f"no checkpoint at {checkpoint_path(text)}: train one with "
+                                         "`python scripts/pretrain.py`, or check the path")
+    return text
 
 
 def save_checkpoint(path: str | os.PathLike, model: GPT, **extra) -> Path:

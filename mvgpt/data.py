@@ -13,6 +13,7 @@ never lost to a typo, a bad source, Ctrl-C or kill -9. A folder left by a killed
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
@@ -295,6 +296,14 @@ def load_tokens(data_dir: str | os.PathLike = DATA_DIR, split: str = "train") ->
             "--source PATH` (or set MVGPT_TINYSTORIES)"
         )
     return np.memmap(data_dir / f"{split}.bin", dtype=np.uint16, mode="r")
+
+
+def prepared_data(text: str) -> str:
+    """An argparse type: a folder of complete prepared data."""
+    if read_meta(Path(text)) is None:
+        raise argparse.ArgumentTypeError(f"no complete prepared data in {text}: run `python scripts/prepare.py "
+                                         f"--source PATH --data-dir {text}` (or pass --data-dir)")
+    return text
 
 
 def data_tokenizer_hash(data_dir: str | os.PathLike = DATA_DIR) -> str | None:

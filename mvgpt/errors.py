@@ -66,6 +66,11 @@ non_negative_float = number(float, lambda v: v >= 0, "a number >= 0")
 share = number(float, lambda v: 0 <= v <= 1, "a number from 0 to 1")
 
 
+def positive_ints(text: str) -> list[int]:
+    """A comma-separated list of whole numbers >= 1, e.g. 1,8,32."""
+    return [positive_int(part) for part in text.split(",")]
+
+
 def _probe(text: str, folder: Path) -> None:
     """Can a file be made in folder, or in its nearest existing parent (where we would make it)?
     A test file says, and is removed at once: nothing is left behind, whatever the answer."""

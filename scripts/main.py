@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 from mvgpt.checkpoint import checkpoint_path, read_checkpoint
-from mvgpt.errors import UserError, run_main
+from mvgpt.errors import ArgumentParser, UserError, positive_int, run_main, writable_folder
 from mvgpt.rope_scaling import SCALING_METHODS
 
 SCRIPTS = Path(__file__).resolve().parent
@@ -77,13 +77,14 @@ def measure(step: list[str], out: Path, checkpoints: list[str], env: dict) -> No
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--source", help="TinyStories file or folder (default: $MVGPT_TINYSTORIES, else download)")
-    p.add_argument("--out", help="where data/, checkpoints/, runs/ and results/ go (default: here; tiny/ with --tiny)")
-    p.add_argument("--max-steps", type=int, default=STEPS, help="training steps for each kind (same for both)")
+    p.add_argument("--out", type=writable_folder,
+                   help="where data/, checkpoints/, runs/ and results/ go (default: here; tiny/ with --tiny)")
+    p.add_argument("--max-steps", type=positive_int, default=STEPS, help="training steps for each kind (same for both)")
     p.add_argument("--device", help="cpu, cuda, mps (default: the best present)")
-    p.add_argument("--finetune-steps", type=int, default=80, help="steps of the long-context fine-tune")
-    p.add_argument("--lora-steps", type=int, default=150, help="steps of the LoRA instruction fine-tune")
+    p.add_argument("--finetune-steps", type=positive_int, default=80, help="steps of the long-context fine-tune")
+    p.add_argument("--lora-steps", type=positive_int, default=150, help="steps of the LoRA instruction fine-tune")
     p.add_argument("--tiny", action="store_true", help="a tiny model and vocabulary: checks the pipeline")
     args = p.parse_args(argv)
 
