@@ -79,6 +79,8 @@ def read_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
         state = torch.load(file, map_location=map_location, weights_only=True)
     except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if first.startswith("Weights only load failed"):  # torch's advice to unpickle anyway: not for us
+            first = "not tensors and plain values only"
         raise CheckpointError(
             f"checkpoint {file} is truncated or corrupt ({first[:120]}): "
             "use an earlier checkpoint or train again"

@@ -17,13 +17,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import runpy
 import signal
 import subprocess
 import sys
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pytest
@@ -61,6 +62,108 @@ CASES: list[Case] = [
     Case("prepare", "--source missing", "source missing does not exist"),
     Case("prepare", "--source latin1.txt", "is not UTF-8 text", "a source in another encoding"),
     Case("prepare", "--source notes.txt", "no <|endoftext|> separators"),
+    # pretrain: a run folder is someone's work
+    Case("pretrain", "--max-steps 1", "holds a run already", "forgetting --resume"),
+    Case("pretrain", "--rope --max-steps 0", "--max-steps 0 must be at least 1"),
+    Case("pretrain", "--rope --minutes -1", "--minutes -1.0 must be at least 0"),
+    Case("pretrain", "--rope --minutes nan", "--minutes nan is not a finite number"),
+    Case("pretrain", "--grad-clip -1", "--grad-clip -1.0 must be at least 0", "would reverse training"),
+    Case("pretrain", "--min-lr-ratio -3", "--min-lr-ratio -3.0 must be at least 0", "a negative learning rate"),
+    Case("pretrain", "--block-size 0", "--block-size 0 must be at least 1"),
+    Case("pretrain", "--batch-size 0", "--batch-size 0 must be at least 1"),
+    Case("pretrain", "--eval-every 0", "--eval-every 0 must be at least 1"),
+    Case("pretrain", "--ckpt-every 0", "--ckpt-every 0 must be at least 1"),
+    Case("pretrain", "--seed -1", "--seed -1 must be at least 0"),
+    Case("pretrain", "--lr nan", "--lr nan is not a finite number"),
+    Case("pretrain", "--n-embd 65", "--n-embd 65 must be a multiple of --n-head 6"),
+    Case("pretrain", "--resume --overwrite", "contradict each other"),
+    Case("pretrain", "--max-steps 1 --out-dir checkpoints/new --json notes.txt/run.json", "cannot write --json",
+         "an unwritable summary, caught before the run"),
+    Case("pretrain", "--max-steps 1 --out-dir checkpoints/new --data-dir missing",
+         "no complete prepared data in missing"),
+    Case("pretrain", "--max-steps 1 --out-dir checkpoints/new --init-from corrupt.pt", "truncated or corrupt"),
+    Case("pretrain", "--max-steps 1 --out-dir checkpoints/new --init-from other-tokenizer.pt",
+         "was trained with tokenizer 0123456789abcdef", "another tokenizer's weights"),
+    Case("pretrain", "--max-steps 1 --out-dir checkpoints/new --init-from checkpoints/pretrain-rope --block-size 64 "
+         "--rope-scaling linear --rope-factor -2", "--rope-factor -2.0 must be above 0"),
+    Case("pretrain", "--max-steps 9 --out-dir checkpoints/busy --resume", "is in use by process",
+         "a second process in a live run folder"),
+    # evaluate
+    Case("evaluate", "checkpoints/pretrain --tokens 0", "--tokens: 0 is out of range"),
+    Case("evaluate", "checkpoints/pretrain --batch-size 0", "--batch-size: 0 is out of range"),
+    Case("evaluate", "checkpoints/missing", "no checkpoint at checkpoints/missing: train one"),
+    Case("evaluate", "corrupt.pt", "truncated or corrupt"),
+    Case("evaluate", "other-tokenizer.pt", "was trained with tokenizer 0123456789abcdef"),
+    Case("evaluate", "crafted.pt", "which no model can have", "a crafted config"),
+    Case("evaluate", "huge.pt", "GiB", "a config that asks for terabytes"),
+    Case("evaluate", "checkpoints/pretrain --json notes.txt/eval.json", "notes.txt is a file, not a folder"),
+    Case("evaluate", "checkpoints/pretrain --data-dir missing", "no complete prepared data in missing"),
+    Case("evaluate", "checkpoints/pretrain --ctx 0", "--ctx: 0 is out of range"),
+    Case("evaluate", "checkpoints/pretrain --ctx 64", "learned positions", "past a learned table"),
+    Case("evaluate", "checkpoints/pretrain --rope-scaling quadratic", "invalid choice"),
+    Case("evaluate", "checkpoints/pretrain --device tpu9", "unknown device"),
+    # sample
+    Case("sample", "checkpoints/pretrain --temperature -1", "--temperature: -1 is out of range",
+         "would sample the least likely tokens"),
+    Case("sample", "checkpoints/pretrain --temperature nan", "--temperature: nan is out of range"),
+    Case("sample", "checkpoints/pretrain --top-k 0", "--top-k: 0 is out of range"),
+    Case("sample", "checkpoints/pretrain --max-new-tokens -1", "--max-new-tokens: -1 is out of range"),
+    Case("sample", "checkpoints/pretrain --seed -1", "--seed: -1 is out of range"),
+    Case("sample", "checkpoints/missing", "no checkpoint at checkpoints/missing: train one"),
+    Case("sample", "corrupt.pt", "truncated or corrupt"),
+    Case("sample", "other-tokenizer.pt", "was trained with tokenizer 0123456789abcdef"),
+    Case("sample", "checkpoints/pretrain --adapter notes.txt", "notes.txt"),
+    Case("sample", "checkpoints/pretrain --data-dir missing", "no complete prepared data in missing"),
+    Case("sample", "checkpoints/pretrain --dtype float8", "invalid choice"),
+    # context and long_context
+    Case("context", "checkpoints/pretrain --length 1", "--length: 1 is out of range"),
+    Case("context", "checkpoints/pretrain --streams 0", "--streams: 0 is out of range"),
+    Case("context", "checkpoints/pretrain --length 8", "does not reach past any model's window"),
+    Case("context", "checkpoints/pretrain --json notes.txt/c.json", "notes.txt is a file, not a folder"),
+    Case("context", "checkpoints/missing", "no checkpoint at checkpoints/missing: train one"),
+    Case("long_context", "checkpoints/pretrain-rope --sinks -1", "--sinks: -1 is out of range"),
+    Case("long_context", "checkpoints/pretrain-rope --ctx 0", "--ctx: 0 is out of range"),
+    Case("long_context", "checkpoints/pretrain-rope --ctx 32 --rope-factor 0", "--rope-factor: 0 is out of range"),
+    Case("long_context", "checkpoints/pretrain-rope --ctx 32 --sweep-tokens 0", "--sweep-tokens: 0 is out of range"),
+    Case("long_context", "checkpoints/pretrain-rope", "one of the arguments --ctx --sinks --dynamic is required"),
+    Case("long_context", "checkpoints/pretrain-rope --ctx 32 --sinks 4", "not allowed with argument"),
+    Case("long_context", "checkpoints/pretrain-rope --streams 0 --dynamic", "--streams: 0 is out of range"),
+    # export and export_check
+    Case("export", "checkpoints/pretrain exports/mine", "exports/mine is not empty", "the user's own README.md"),
+    Case("export", "checkpoints/pretrain notes.txt --format gguf", "notes.txt is not empty"),
+    Case("export", "checkpoints/pretrain exports/new --ctx 0", "--ctx: 0 is out of range"),
+    Case("export", "checkpoints/pretrain exports/new --rope-scaling linear --rope-factor -2",
+         "--rope-factor: -2 is out of range"),
+    Case("export", "checkpoints/pretrain exports/new --f16", "--f16 is for --format gguf"),
+    Case("export", "checkpoints/pretrain exports/new --ctx 64", "need --rope-scaling"),
+    Case("export", "checkpoints/missing exports/new", "no checkpoint at checkpoints/missing: train one"),
+    Case("export_check", "checkpoints/pretrain --max-new-tokens 0", "--max-new-tokens: 0 is out of range"),
+    Case("export_check", "checkpoints/pretrain --held-out-tokens 0", "--held-out-tokens: 0 is out of range"),
+    Case("export_check", "checkpoints/pretrain --gguf --ctx 1", "--ctx: 1 is out of range"),
+    Case("export_check", "checkpoints/pretrain --json notes.txt/x.json", "notes.txt is a file, not a folder"),
+    Case("export_check", "checkpoints/pretrain --out notes.txt", "notes.txt is a file: give a folder"),
+    Case("export_check", "checkpoints/missing", "no checkpoint at checkpoints/missing: train one"),
+    # finetune
+    Case("finetune", "--rank 0", "--rank must be at least 1"),
+    Case("finetune", "--alpha inf", "--alpha must be positive"),
+    Case("finetune", "--lr nan", "--lr must be a positive number"),
+    Case("finetune", "--grad-clip -1", "--grad-clip: -1 is out of range"),
+    Case("finetune", "--seed -1", "--seed: -1 is out of range"),
+    Case("finetune", "--temperature -1", "--temperature must be >= 0"),
+    Case("finetune", "--json notes.txt/x.json", "notes.txt is a file, not a folder"),
+    Case("finetune", "--init-from checkpoints/missing", "no checkpoint at checkpoints/missing: train one"),
+    Case("finetune", "--measure --merge merged", "separate steps"),
+    # bench
+    Case("bench", "--batch-size 0", "--batch-size: 0 is out of range"),
+    Case("bench", "--batches 1,0", "--batches: 0 is out of range"),
+    Case("bench", "--threads 0", "--threads: 0 is out of range"),
+    Case("bench", "--n-embd 30 --n-head 4", "--n-embd 30 must be --n-head 4 times an even head size"),
+    Case("bench", "--json notes.txt/b.json", "notes.txt is a file, not a folder"),
+    # main
+    Case("main", "--max-steps 0", "--max-steps: 0 is out of range"),
+    Case("main", "--finetune-steps -1", "--finetune-steps: -1 is out of range"),
+    Case("main", "--out notes.txt", "notes.txt is a file: give a folder"),
+    Case("main", "--source missing --out job", "source missing does not exist", "the first step's error, said once"),
 ]
 
 
@@ -83,6 +186,11 @@ def make_world(root: Path) -> Path:
         (root / "checkpoints" / name / "log.jsonl").write_text('{"step": 3, "loss": 5.0}\n')
     save_checkpoint(root / "other-tokenizer.pt", GPT(tiny_config(vocab_size=300)), tokenizer_hash="0123456789abcdef")
     (root / "corrupt.pt").write_bytes(b"not a checkpoint" * 64)
+    model = GPT(tiny_config(vocab_size=300))
+    for name, config in (("crafted.pt", {"n_layer": -1}), ("huge.pt", {"block_size": 2**40})):
+        torch.save({"model": model.state_dict(), "config": {**asdict(model.config), **config}}, root / name)
+    save_checkpoint(root / "checkpoints" / "busy", model, step=3, tokenizer_hash=tok_hash)
+    (root / "checkpoints" / "busy" / "lock").write_text(str(os.getpid()))  # this process: alive all along
     (root / "latin1.txt").write_bytes("Zoë saw a café.\n<|endoftext|>\nTom too.\n<|endoftext|>\n".encode("latin-1"))
     (root / "notes.txt").write_text("a file of the user's, not a folder\n")
     (root / "exports" / "mine").mkdir(parents=True)
@@ -152,8 +260,10 @@ def run_all(folder: Path) -> list[dict]:
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=30 * 60)
     outcomes = json.loads(results.read_text())
-    for outcome in outcomes:  # paths in the messages read as typed, from the world's folder
-        outcome["stderr"] = outcome["stderr"].replace(str(world) + "/", "").replace(str(world), ".")
+    for outcome in outcomes:  # paths read as typed in the world's folder; what varies by machine or run, named
+        err = outcome["stderr"].replace(str(world) + "/", "").replace(str(world), ".")
+        err = re.sub(r"this machine's [\d,]+ GiB", "this machine's N GiB", err)
+        outcome["stderr"] = re.sub(r"in use by process \d+", "in use by process PID", err)
     return outcomes
 
 
