@@ -26,7 +26,6 @@ import argparse
 import copy
 import json
 import math
-import os
 import signal
 import time
 from contextlib import nullcontext
@@ -35,7 +34,7 @@ from pathlib import Path
 import torch
 
 from mvgpt.bench import machine
-from mvgpt.checkpoint import checkpoint_arg, checkpoint_path, load_model, save_checkpoint
+from mvgpt.checkpoint import checkpoint_path, load_model, save_checkpoint
 from mvgpt.data import DATA_DIR, data_tokenizer_hash
 from mvgpt.device import pick_device
 from mvgpt.errors import ArgumentParser, non_negative_float, non_negative_int, run_main, writable_file, writable_folder
@@ -70,7 +69,7 @@ from mvgpt.tokenizer import Tokenizer
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--init-from", type=checkpoint_arg, default="checkpoints/pretrain-rope",
+    p.add_argument("--init-from", default="checkpoints/pretrain-rope",
                    help="the base: a run folder or checkpoint")
     p.add_argument("--data-dir", default=str(DATA_DIR))
     p.add_argument("--out-dir", help="run folder (default: checkpoints/lora-rope, or lora for learned positions)")
@@ -97,7 +96,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--merge", metavar="OUT", type=writable_folder,
                    help="only write base + the run folder's adapter, merged, to OUT")
     p.add_argument("--json", type=writable_file, help="write the summary (losses, share, sizes, measurements) here")
-    p.add_argument("--kill-at-step", type=int, help=argparse.SUPPRESS)  # tests: SIGKILL self after it
     args = p.parse_args(argv)
     checks = [
         (args.rank is None or args.rank >= 1, "--rank must be at least 1"),
@@ -324,8 +322,6 @@ def train(model: GPT, args: argparse.Namespace, device, tok_hash: str | None, ou
             bar.update(1)
             if step % args.ckpt_every == 0:
                 save()
-            if args.kill_at_step == step:
-                os.kill(os.getpid(), signal.SIGKILL)
             if stop["signal"] is not None:
                 save()
                 bar.close()
