@@ -3,12 +3,17 @@
 A checkpoint is a dict of tensors and plain values, written to a temporary file and renamed into
 place, so a crash never leaves a half-written one. It is read with weights_only=True: no pickled
 code is ever run. Its config rebuilds its own model; a config saved before `rope` existed loads
-as a learned-position model, and the patch is logged.
+as a learned-position model, and the patch is logged. A config is checked before any memory is
+given to it: sane values, and a size this machine can hold (a crafted file must not make us
+allocate half a terabyte). A full disk or a folder we may not write is one
+line, and the previous checkpoint stays as it was.
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
+import math
 import os
 import pickle
 import zipfile
@@ -17,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from mvgpt.errors import DISK_FULL, UserError
 from mvgpt.io import atomic_path
 from mvgpt.model import GPT, GPTConfig
 
@@ -24,15 +30,22 @@ log = logging.getLogger(__name__)
 CHECKPOINT_NAME = "ckpt.pt"
 
 
-class CheckpointError(SystemExit):
-    def __init__(self, message: str) -> None:
-        super().__init__(f"error: {message}")
+class CheckpointError(UserError):
+    """`error: ...` in one line: what is wrong with a checkpoint, and what to do."""
 
 
 def checkpoint_path(path: str | os.PathLike) -> Path:
     """A run folder means its ckpt.pt; a file means itself."""
     path = Path(path)
     return path / CHECKPOINT_NAME if path.is_dir() else path
+
+
+def checkpoint_arg(text: str) -> str:
+    """An argparse type: a run folder with a checkpoint, or a checkpoint file, checked to be there."""
+    if not checkpoint_path(text).is_file():
+        raise argparse.ArgumentTypeError(f"no checkpoint at {checkpoint_path(text)}: train one with "
+                                         "`python scripts/pretrain.py`, or check the path")
+    return text
 
 
 def save_checkpoint(path: str | os.PathLike, model: GPT, **extra) -> Path:
@@ -43,8 +56,15 @@ def save_checkpoint(path: str | os.PathLike, model: GPT, **extra) -> Path:
     model = getattr(model, "module", model)  # unwrap DistributedDataParallel
     model = getattr(model, "_orig_mod", model)  # unwrap torch.compile
     state = {"model": model.state_dict(), "config": asdict(model.config), **extra}
-    with atomic_path(path) as tmp:
-        torch.save(state, tmp)
+    try:  # through our own file object, so a full disk is an OSError (ENOSPC), not torch's RuntimeError
+        with atomic_path(path) as tmp, open(tmp, "wb") as f:
+            torch.save(state, f)
+    except OSError as e:
+        if e.errno in DISK_FULL:
+            raise CheckpointError(f"the disk is full: {path} not saved (the previous one, if any, is kept): "
+                                  "free some space and run again") from None
+        raise CheckpointError(f"cannot write {path} ({e.strerror}; the previous checkpoint, if any, is kept): "
+                              "pick a folder you can write, or fix its permissions") from None
     return path
 
 
@@ -59,6 +79,8 @@ def read_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
         state = torch.load(file, map_location=map_location, weights_only=True)
     except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if first.startswith("Weights only load failed"):  # torch's advice to unpickle anyway: not for us
+            first = "not tensors and plain values only"
         raise CheckpointError(
             f"checkpoint {file} is truncated or corrupt ({first[:120]}): "
             "use an earlier checkpoint or train again"
@@ -69,13 +91,59 @@ def read_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
 
 
 def config_from_dict(saved: dict) -> GPTConfig:
-    """A GPTConfig from a saved dict; fields it lacks take their defaults (old behaviour), logged."""
-    known = {f.name for f in fields(GPTConfig)}
-    missing = sorted(known - saved.keys())
+    """A GPTConfig from a saved dict; fields it lacks take their defaults (old behaviour), logged.
+
+    Every value must be of its field's kind and sane: whole numbers >= 1, finite numbers > 0,
+    True or False; anything else is a one-line error (a corrupt or crafted file).
+    """
+    if not isinstance(saved, dict):
+        raise CheckpointError("the checkpoint's config is not a dict: the file is corrupt or not mvGPT's")
+    known = {f.name: f.default for f in fields(GPTConfig)}
+    missing = sorted(known.keys() - saved.keys())
     if missing:
         log.warning("checkpoint config has no %s: using defaults (%s)", ", ".join(missing),
-                    ", ".join(f"{m}={getattr(GPTConfig, m)!r}" for m in missing))
-    return GPTConfig(**{k: v for k, v in saved.items() if k in known})
+                    ", ".join(f"{m}={known[m]!r}" for m in missing))
+    values = {k: v for k, v in saved.items() if k in known}
+    for name, value in values.items():
+        kind, number = type(known[name]), isinstance(value, (int, float)) and not isinstance(value, bool)
+        if kind is bool:
+            sane = isinstance(value, bool)
+        elif kind is int:
+            sane = number and isinstance(value, int) and value >= 1
+        elif kind is float:
+            sane = number and math.isfinite(value) and value > 0
+        else:
+            sane = True  # a field of another kind checks itself in GPTConfig
+        if not sane:
+            raise CheckpointError(f"the checkpoint's config has {name}={value!r}, which no model can have: "
+                                  "the file is corrupt or crafted; use another checkpoint")
+    try:
+        return GPTConfig(**values)
+    except (TypeError, ValueError, ZeroDivisionError) as e:
+        raise CheckpointError(f"the checkpoint's config is inconsistent ({e}): use another checkpoint") from None
+
+
+def memory_bytes() -> int | None:
+    """This machine's memory, or None where the OS does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def check_fits(config: GPTConfig, weights: dict, file: Path) -> None:
+    """Before allocating: a model this size (weights, a KV cache of two windows) fits in memory,
+    and the weights hold at least a tensor per block (a block count no file backs is crafted)."""
+    kv = 2 * config.n_layer * 2 * config.block_size * config.n_embd * 4  # keys and values, float32
+    need = 4 * (config.vocab_size + config.block_size + 12 * config.n_layer * config.n_embd) * config.n_embd + kv
+    have = memory_bytes()
+    if config.n_layer > len(weights):
+        raise CheckpointError(f"checkpoint {file} does not match its config ({config.n_layer} blocks from "
+                              f"{len(weights)} tensors): the file is crafted or corrupt; use another checkpoint")
+    if have is not None and need > have:
+        raise CheckpointError(f"checkpoint {file} asks for {need / 2**30:,.1f} GiB (n_layer={config.n_layer}, "
+                              f"n_embd={config.n_embd}, block_size={config.block_size}), more than this "
+                              f"machine's {have / 2**30:,.0f} GiB: the file is crafted or corrupt")
 
 
 def load_model(
@@ -94,7 +162,11 @@ def load_model(
             f"checkpoint {checkpoint_path(path)} was trained with tokenizer {saved}, but data/ has "
             f"{tokenizer_hash}: prepare the data it was trained on, or pass --data-dir"
         )
-    model = GPT(config_from_dict(state["config"]))
+    config = config_from_dict(state["config"])
+    if not isinstance(state["model"], dict):
+        raise CheckpointError(f"{checkpoint_path(path)} is not an mvGPT checkpoint (its model is not a dict)")
+    check_fits(config, state["model"], checkpoint_path(path))
+    model = GPT(config)
     try:
         model.load_state_dict(state["model"])
     except RuntimeError as e:

@@ -1,43 +1,17 @@
 """Command-line glue shared by the scripts: flags and their checks, with one-line errors.
 
-A check here runs at parse time, so bad input stops with `error: ...` (exit 2) before anything
-is loaded; the library underneath may then assume its arguments are sane.
+A check here runs at parse time (the checks themselves are mvgpt/errors.py's), so bad input stops
+with `error: ...` (exit 2) before anything is loaded; the library underneath may then assume its
+arguments are sane.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
 
+from mvgpt.errors import at_least, positive_float
 from mvgpt.long_context import set_context
 from mvgpt.rope_scaling import SCALING_METHODS
-
-
-def at_least(low: int) -> Callable[[str], int]:
-    """An argparse type: an integer >= low (`error: argument --x: ...` otherwise)."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"{value} is below {low}: give {low} or more")
-        return value
-
-    parse.__name__ = f"integer >= {low}"
-    return parse
-
-
-def positive_float(text: str) -> float:
-    """An argparse type: a number > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{value:g} is not positive: give a number above 0")
-    return value
 
 
 def add_context_args(parser: argparse.ArgumentParser) -> None:

@@ -5,24 +5,34 @@ MVGPT_TINYSTORIES environment variable, or a download of roneneldan/TinyStories 
 Face Hub. Stories are separated by `<|endoftext|>` lines. The held-out set is the validation
 file, never mixed into training. Tokens are uint16 in data/train.bin and data/val.bin, read with
 np.memmap; data/meta.json, written last, says the preparation is complete and what it came from.
+
+A preparation is made whole in data/.prepare.tmpPID/ and only then moved in, so prepared data is
+never lost to a typo, a bad source, Ctrl-C or kill -9. A folder left by a killed run is removed
+(or, if it was complete and being moved in, moved in) by the next run.
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
+import shutil
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 from tqdm import tqdm
 
-from mvgpt.io import atomic_path, write_text_atomic
+from mvgpt.errors import UserError
+from mvgpt.io import atomic_path, pid_alive, write_text_atomic
 from mvgpt.tokenizer import EOT, Tokenizer, file_hash, train_tokenizer
+
+if TYPE_CHECKING:  # torch is imported where batches are made: preparing data does not need it
+    import torch
 
 DATA_DIR = Path("data")
 SOURCE_ENV = "MVGPT_TINYSTORIES"
@@ -30,13 +40,13 @@ HUB_URL = "https://huggingface.co/datasets/roneneldan/TinyStories/resolve/main/"
 HUB_FILES = {"train": "TinyStories-train.txt", "valid": "TinyStories-valid.txt"}
 DEFAULT_MAX_TRAIN_MB = 300  # of the 1.9 GB train file: hours of training on a laptop
 SINGLE_FILE_HELD_OUT = 20  # a single source file: its last 1/20 of stories are held out
+MIN_VOCAB, MAX_VOCAB = 258, 2**16  # 256 bytes, a merge and <|endoftext|>; ids stored as uint16
+PREPARED = ("tokenizer.json", "train.bin", "val.bin", "meta.json")  # meta.json last: it says "complete"
+STAGING = ".prepare.tmp"  # data/.prepare.tmpPID/: a preparation being made by process PID
 
 
-class DataError(SystemExit):
+class DataError(UserError):
     """A problem with the input data: one line saying what is wrong and what to do."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(f"error: {message}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -71,6 +81,16 @@ def source_files(source: str | os.PathLike) -> list[Path]:
     return files
 
 
+def read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(
+            f"{path} is not UTF-8 text (byte {e.start} is {e.object[e.start:e.start + 1]!r}): convert it, "
+            f"e.g. `iconv -f latin1 -t utf-8 {path} > stories.txt`, and pass --source the new file"
+        ) from None
+
+
 def read_source(source: str | os.PathLike) -> tuple[list[str], list[str], str]:
     """(train stories, held-out stories, a description of the split) from a file or folder."""
     path = Path(source)
@@ -78,11 +98,11 @@ def read_source(source: str | os.PathLike) -> tuple[list[str], list[str], str]:
     if len(files) == 2:
         train, valid = files
         return (
-            split_stories(train.read_text(encoding="utf-8"), str(train)),
-            split_stories(valid.read_text(encoding="utf-8"), str(valid)),
+            split_stories(read_text(train), str(train)),
+            split_stories(read_text(valid), str(valid)),
             f"{train} for training, {valid} held out",
         )
-    stories = split_stories(path.read_text(encoding="utf-8"), str(path))
+    stories = split_stories(read_text(path), str(path))
     if len(stories) < 2:
         raise DataError(f"{path} holds one story: at least two are needed, one to train on and one held out")
     n_val = max(1, len(stories) // SINGLE_FILE_HELD_OUT)
@@ -186,14 +206,46 @@ def write_tokens(path: Path, tokenizer: Tokenizer, stories: list[str], desc: str
     return n
 
 
+def recover(data_dir: Path) -> None:
+    """Tidy up after preparations whose process died (kill -9, a power cut): one that was complete
+    was being moved in, so finish that; an unfinished one is removed."""
+    for staging in data_dir.glob(STAGING + "*"):
+        pid = staging.name.removeprefix(STAGING)
+        if pid.isdigit() and int(pid) != os.getpid() and pid_alive(int(pid)):
+            continue  # still at work
+        if (staging / "meta.json").exists():
+            move_in(staging, data_dir)
+        else:
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def move_in(staging: Path, data_dir: Path) -> None:
+    """Replace data_dir's preparation by the complete one in staging. The old meta.json goes first,
+    so a mix of old and new files never looks complete; the new one comes last. A move cut short
+    is finished by recover()."""
+    (data_dir / "meta.json").unlink(missing_ok=True)
+    for name in PREPARED:
+        if (staging / name).exists():
+            os.replace(staging / name, data_dir / name)
+    shutil.rmtree(staging, ignore_errors=True)
+
+
 def prepare(
     source: str | os.PathLike,
     data_dir: str | os.PathLike = DATA_DIR,
     vocab_size: int = 8192,
     force: bool = False,
 ) -> dict:
-    """Train the tokenizer and write the bins and meta.json; skip if done for the same inputs."""
+    """Train the tokenizer and write the bins and meta.json; skip if done for the same inputs.
+
+    Everything is made in a staging folder and moved in only when complete: until then the data
+    already in data_dir stays as it was, whatever happens (a bad source, Ctrl-C, kill -9).
+    """
     data_dir, source = Path(data_dir), Path(source)
+    if not MIN_VOCAB <= vocab_size <= MAX_VOCAB:
+        raise DataError(f"a vocabulary of {vocab_size} tokens cannot be: give {MIN_VOCAB} to {MAX_VOCAB}")
+    if data_dir.exists():
+        recover(data_dir)
     fingerprint = source_fingerprint(source)
     meta = read_meta(data_dir)
     if (
@@ -205,23 +257,29 @@ def prepare(
         meta["skipped"] = True
         return meta
     train, valid, split = read_source(source)
-    (data_dir / "meta.json").unlink(missing_ok=True)  # from here on, nothing looks complete
-    tokenizer = train_tokenizer(train, vocab_size)
-    tokenizer.save(data_dir / "tokenizer.json")
-    meta = {
-        "vocab_size": tokenizer.vocab_size,
-        "tokenizer_hash": tokenizer.hash,
-        "source": str(source),
-        "source_hash": fingerprint,
-        "split": split,
-        "train_stories": len(train),
-        "val_stories": len(valid),
-        "train_chars": sum(len(s) for s in train),
-        "val_chars": sum(len(s) for s in valid),
-    }
-    meta["train_tokens"] = write_tokens(data_dir / "train.bin", tokenizer, train, "train.bin")
-    meta["val_tokens"] = write_tokens(data_dir / "val.bin", tokenizer, valid, "val.bin")
-    write_text_atomic(data_dir / "meta.json", json.dumps(meta, indent=2))
+    staging = data_dir / f"{STAGING}{os.getpid()}"
+    staging.mkdir(parents=True, exist_ok=True)
+    try:
+        tokenizer = train_tokenizer(train, vocab_size)
+        tokenizer.save(staging / "tokenizer.json")
+        meta = {
+            "vocab_size": tokenizer.vocab_size,
+            "tokenizer_hash": tokenizer.hash,
+            "source": str(source),
+            "source_hash": fingerprint,
+            "split": split,
+            "train_stories": len(train),
+            "val_stories": len(valid),
+            "train_chars": sum(len(s) for s in train),
+            "val_chars": sum(len(s) for s in valid),
+        }
+        meta["train_tokens"] = write_tokens(staging / "train.bin", tokenizer, train, "train.bin")
+        meta["val_tokens"] = write_tokens(staging / "val.bin", tokenizer, valid, "val.bin")
+        write_text_atomic(staging / "meta.json", json.dumps(meta, indent=2))
+    except BaseException:  # Ctrl-C or a full disk included: leave nothing half-made behind
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    move_in(staging, data_dir)
     return meta
 
 
@@ -240,6 +298,14 @@ def load_tokens(data_dir: str | os.PathLike = DATA_DIR, split: str = "train") ->
     return np.memmap(data_dir / f"{split}.bin", dtype=np.uint16, mode="r")
 
 
+def prepared_data(text: str) -> str:
+    """An argparse type: a folder of complete prepared data."""
+    if read_meta(Path(text)) is None:
+        raise argparse.ArgumentTypeError(f"no complete prepared data in {text}: run `python scripts/prepare.py "
+                                         f"--source PATH --data-dir {text}` (or pass --data-dir)")
+    return text
+
+
 def data_tokenizer_hash(data_dir: str | os.PathLike = DATA_DIR) -> str | None:
     meta = read_meta(Path(data_dir))
     return meta["tokenizer_hash"] if meta else None
@@ -255,6 +321,8 @@ def get_batch(
     """
     if len(tokens) <= block_size + 1:
         raise DataError(f"{len(tokens)} tokens are too few for windows of {block_size}: use more text")
+    import torch
+
     rng = np.random.default_rng([seed, rank, step])
     starts = rng.integers(0, len(tokens) - block_size - 1, size=batch_size)
     rows = np.stack([tokens[s : s + block_size + 1] for s in starts]).astype(np.int64)
@@ -264,6 +332,8 @@ def get_batch(
 
 def windows(tokens: np.ndarray, length: int, count: int | None = None) -> Iterator[torch.Tensor]:
     """Consecutive, non-overlapping pieces of `length` tokens, from the start."""
+    import torch
+
     n = (len(tokens) // length) if count is None else min(count, len(tokens) // length)
     for i in range(n):
         yield torch.from_numpy(tokens[i * length : (i + 1) * length].astype(np.int64))

@@ -10,6 +10,7 @@ paired with a tokenizer it was not trained with.
 from __future__ import annotations
 
 import base64
+import codecs
 import hashlib
 import json
 import os
@@ -51,6 +52,10 @@ class Tokenizer:
     def decode_bytes(self, ids: Iterable[int]) -> bytes:
         return self.encoding.decode_bytes(list(ids))
 
+    def stream(self) -> TextStream:
+        """A decoder for ids that come one at a time (see TextStream)."""
+        return TextStream(self)
+
     # --- saving and loading ---------------------------------------------------------------------
 
     def to_json(self) -> str:
@@ -83,6 +88,28 @@ class Tokenizer:
             raise SystemExit(
                 f"error: tokenizer file {path} is corrupt ({e}): run `python scripts/prepare.py --force`"
             ) from None
+
+
+class TextStream:
+    """Ids -> text as they come, for printing a story while it is written.
+
+    A token is bytes, and a character's bytes can be split across tokens (an emoji is 4 bytes):
+    the bytes of a character not yet whole are held back until it is. Bytes that can never make
+    a character come out as U+FFFD, as in decode(), and the stream goes on: all the pieces, then
+    flush(), join to exactly decode(ids).
+    """
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")  # holds the pending bytes
+
+    def add(self, token: int) -> str:
+        """The text that token completes ("" while a character waits for its next bytes)."""
+        return self.utf8.decode(self.tokenizer.decode_bytes([token]))
+
+    def flush(self) -> str:
+        """At the end: bytes still pending can no longer be completed (U+FFFD for them)."""
+        return self.utf8.decode(b"", final=True)
 
 
 def tokenizer_hash(text: str) -> str:

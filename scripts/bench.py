@@ -52,6 +52,7 @@ from mvgpt.bench import (
     training_flops_per_token,
 )
 from mvgpt.device import pick_device
+from mvgpt.errors import ArgumentParser, positive_int, positive_ints, run_main, writable_file
 from mvgpt.io import write_json
 from mvgpt.model import GPT, GPTConfig, KVCache
 from mvgpt.perf import compile_for_decoding, matmul_flops, memory_bandwidth, profile_table, time_it, tune_malloc
@@ -284,25 +285,27 @@ def measure_decoding(rope: GPTConfig, learned: GPTConfig, device: torch.device, 
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", help="cpu, cuda, mps (default: the best present)")
     p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
                    help="the headline precision (auto: bf16 where native); training and decoding are timed in both")
-    p.add_argument("--json", help="also write every figure (and the profiler tables) here")
+    p.add_argument("--json", type=writable_file, help="also write every figure (and the profiler tables) here")
     p.add_argument("--quick", action="store_true", help="fewer steps and repeats, smaller ceilings")
     p.add_argument("--compile", action="store_true", help="also time the bf16 training step and the cached "
                    "decoding step through torch.compile")
-    p.add_argument("--threads", type=int, help="torch's CPU threads (default: torch's, one per core)")
+    p.add_argument("--threads", type=positive_int, help="torch's CPU threads (default: torch's, one per core)")
     p.add_argument("--no-tune-malloc", action="store_true", help="leave glibc's malloc as it is")
-    p.add_argument("--batches", default="1,8,32", help="batch sizes for generation with the cache")
+    p.add_argument("--batches", type=positive_ints, default="1,8,32", help="batch sizes for generation with the cache")
     p.add_argument("--note", default="", help="a line on the conditions, kept with the figures (e.g. a busy machine)")
-    p.add_argument("--batch-size", type=int, default=16, help="training batch (sequences of the window)")
-    p.add_argument("--n-layer", type=int, default=6)
-    p.add_argument("--n-head", type=int, default=6)
-    p.add_argument("--n-embd", type=int, default=384)
-    p.add_argument("--block-size", type=int, default=256)
-    p.add_argument("--vocab-size", type=int, default=8192)
+    p.add_argument("--batch-size", type=positive_int, default=16, help="training batch (sequences of the window)")
+    p.add_argument("--n-layer", type=positive_int, default=6)
+    p.add_argument("--n-head", type=positive_int, default=6)
+    p.add_argument("--n-embd", type=positive_int, default=384)
+    p.add_argument("--block-size", type=positive_int, default=256)
+    p.add_argument("--vocab-size", type=positive_int, default=8192)
     args = p.parse_args(argv)
+    if args.n_embd % args.n_head or (args.n_embd // args.n_head) % 2:
+        p.error(f"--n-embd {args.n_embd} must be --n-head {args.n_head} times an even head size (rope pairs channels)")
 
     device = pick_device(args.device)
     if args.threads:
@@ -351,7 +354,7 @@ def main(argv: list[str] | None = None) -> dict:
     generation = []
     rope_model = make_model(rope, device).to(dtype)
     best_bandwidth = max(v for k, v in ceilings.items() if k.startswith("read_bandwidth"))
-    for B in [int(b) for b in args.batches.split(",")]:
+    for B in args.batches:
         prompts = random_tokens((B, window), args.vocab_size, device, seed=6)
         ms = 1e3 * generate_seconds_per_token(rope_model, prompts, True, max(2, tokens // 2), repeats)
         floor = decode_floor_ms(rope_model, window, B, best_bandwidth, peak)
@@ -457,4 +460,4 @@ def summary_rows(result: dict) -> list[tuple[str, str, str, str, str]]:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

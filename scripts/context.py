@@ -28,10 +28,10 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from mvgpt.bench import machine, sync
-from mvgpt.checkpoint import load_model
-from mvgpt.cli import at_least
-from mvgpt.data import DATA_DIR, data_tokenizer_hash, load_tokens, windows
+from mvgpt.checkpoint import checkpoint_arg, load_model
+from mvgpt.data import DATA_DIR, data_tokenizer_hash, load_tokens, prepared_data, windows
 from mvgpt.device import pick_device
+from mvgpt.errors import ArgumentParser, at_least, run_main, writable_file
 from mvgpt.io import write_json
 from mvgpt.model import GPT, KVCache
 
@@ -171,13 +171,13 @@ def finish(args: argparse.Namespace, device: torch.device, result: dict) -> dict
 
 def parser(doc: str = __doc__) -> argparse.ArgumentParser:
     """The flags context.py and long_context.py share."""
-    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("checkpoints", nargs="+", help="run folders or checkpoint files")
+    p = ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("checkpoints", nargs="+", type=checkpoint_arg, help="run folders or checkpoint files")
     p.add_argument("--device", help="cpu or cuda (default: the GPU when there is one)")
     p.add_argument("--length", type=at_least(2), help="tokens per stream (default: three windows)")
     p.add_argument("--streams", type=at_least(1), default=8, help="consecutive pieces of held-out text")
-    p.add_argument("--data-dir", default=str(DATA_DIR))
-    p.add_argument("--json", help="also write the table here")
+    p.add_argument("--data-dir", type=prepared_data, default=str(DATA_DIR))
+    p.add_argument("--json", type=writable_file, help="also write the table here")
     return p
 
 
@@ -189,4 +189,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -27,10 +27,11 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from mvgpt.bench import machine
-from mvgpt.checkpoint import load_model
+from mvgpt.checkpoint import checkpoint_arg, load_model
 from mvgpt.cli import add_context_args, apply_context_args
-from mvgpt.data import DATA_DIR, data_tokenizer_hash, load_tokens
+from mvgpt.data import DATA_DIR, data_tokenizer_hash, load_tokens, prepared_data
 from mvgpt.device import pick_device
+from mvgpt.errors import ArgumentParser, positive_int, run_main, writable_file
 from mvgpt.io import write_json
 from mvgpt.model import GPT
 from mvgpt.precision import CHOICES as DTYPE_CHOICES
@@ -63,13 +64,13 @@ def evaluate(model: GPT, tokens, device: torch.device, max_tokens: int | None = 
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("checkpoints", nargs="+", help="run folders or checkpoint files")
-    p.add_argument("--data-dir", default=str(DATA_DIR))
-    p.add_argument("--tokens", type=int, help="evaluate at most this many tokens (default: all)")
-    p.add_argument("--batch-size", type=int, default=8)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("checkpoints", nargs="+", type=checkpoint_arg, help="run folders or checkpoint files")
+    p.add_argument("--data-dir", type=prepared_data, default=str(DATA_DIR))
+    p.add_argument("--tokens", type=positive_int, help="at most this many tokens, at least a window (default: all)")
+    p.add_argument("--batch-size", type=positive_int, default=8)
     p.add_argument("--device", help="cpu, cuda, mps (default: the best present)")
-    p.add_argument("--json", help="also write the table here")
+    p.add_argument("--json", type=writable_file, help="also write the table here")
     p.add_argument("--dtype", default="float32", choices=DTYPE_CHOICES,
                    help="matrix products in bf16 (then float32 too, for the difference) or float32")
     add_context_args(p)
@@ -105,4 +106,4 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -26,8 +26,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from mvgpt.checkpoint import checkpoint_path, load_model
-from mvgpt.data import DATA_DIR, data_tokenizer_hash
+from mvgpt.checkpoint import checkpoint_arg, checkpoint_path, load_model
+from mvgpt.data import DATA_DIR, data_tokenizer_hash, prepared_data
+from mvgpt.errors import ArgumentParser, positive_float, positive_int, run_main
 from mvgpt.export import export
 from mvgpt.gguf import export_gguf
 from mvgpt.rope_scaling import SCALING_METHODS, RopeScaling
@@ -35,25 +36,27 @@ from mvgpt.tokenizer import Tokenizer
 
 
 def main(argv: list[str] | None = None) -> Path:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("checkpoint", help="run folder or checkpoint file")
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("checkpoint", type=checkpoint_arg, help="run folder or checkpoint file")
     p.add_argument("outdir", help="folder to write the transformers model into (--format gguf: the .gguf file)")
     p.add_argument("--format", choices=("hf", "gguf"), default="hf",
                    help="hf: a transformers folder (default); gguf: one file for llama.cpp")
     p.add_argument("--f16", action="store_true", help="gguf: matrices in float16 (default float32)")
-    p.add_argument("--data-dir", default=str(DATA_DIR), help="where the tokenizer is")
-    p.add_argument("--ctx", type=int, help="context to read at, with --rope-scaling (default: the training one)")
+    p.add_argument("--data-dir", type=prepared_data, default=str(DATA_DIR),
+                   help="where the tokenizer is")
+    p.add_argument("--ctx", type=positive_int,
+                   help="context to read at, with --rope-scaling (default: the training one)")
     # all of mvGPT's methods are accepted here, so the ones without an equivalent get a reason, not a usage line
     p.add_argument("--rope-scaling", choices=SCALING_METHODS, help="context extension to carry into the export")
-    p.add_argument("--rope-factor", type=float,
+    p.add_argument("--rope-factor", type=positive_float,
                    help="linear: s (default: ctx / training ctx); dynamic-ntk: f (default 1)")
+    p.add_argument("--overwrite", action="store_true", help="replace what OUTDIR holds (default: refuse if not empty)")
     args = p.parse_args(argv)
+    out = Path(args.outdir)
+    if not args.overwrite and (out.is_file() or (out.is_dir() and any(out.iterdir()))):
+        p.error(f"{out} is not empty: pick a new folder or file, or pass --overwrite to replace what is there")
     if args.rope_scaling is None and (args.ctx is not None or args.rope_factor is not None):
         raise SystemExit("error: --ctx and --rope-factor need --rope-scaling (linear, dynamic-ntk or yarn)")
-    if args.ctx is not None and args.ctx < 1:
-        raise SystemExit(f"error: --ctx must be at least 1 token, got {args.ctx}")
-    if args.rope_factor is not None and args.rope_factor <= 0:
-        raise SystemExit(f"error: --rope-factor must be positive, got {args.rope_factor}")
     if args.f16 and args.format != "gguf":
         raise SystemExit("error: --f16 is for --format gguf (the transformers export is float32)")
     if args.rope_factor is not None and args.rope_scaling not in ("linear", "dynamic-ntk"):
@@ -76,4 +79,4 @@ def main(argv: list[str] | None = None) -> Path:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

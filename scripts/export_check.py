@@ -36,8 +36,17 @@ import torch
 from long_context import chunk_losses
 
 from mvgpt.bench import machine
-from mvgpt.checkpoint import checkpoint_path, load_model
-from mvgpt.data import DATA_DIR, data_tokenizer_hash, load_tokens
+from mvgpt.checkpoint import checkpoint_arg, checkpoint_path, load_model
+from mvgpt.data import DATA_DIR, data_tokenizer_hash, load_tokens, prepared_data
+from mvgpt.errors import (
+    ArgumentParser,
+    at_least,
+    positive_float,
+    positive_int,
+    run_main,
+    writable_file,
+    writable_folder,
+)
 from mvgpt.export import export
 from mvgpt.gguf import (
     export_gguf,
@@ -245,26 +254,27 @@ def main_gguf(args: argparse.Namespace, tokenizer: Tokenizer, tok_hash: str, hel
 
 
 def main(argv: list[str] | None = None) -> list[dict] | dict:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("checkpoints", nargs="*", default=["checkpoints/pretrain", "checkpoints/pretrain-rope"],
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("checkpoints", nargs="*", type=checkpoint_arg,
+                   default=["checkpoints/pretrain", "checkpoints/pretrain-rope"],
                    help="run folders or checkpoint files (default: both pretrained models)")
-    p.add_argument("--data-dir", default=str(DATA_DIR), help="where the tokenizer and held-out tokens are")
-    p.add_argument("--out", default="exports", help="exports go to OUT/<run folder name>")
+    p.add_argument("--data-dir", type=prepared_data, default=str(DATA_DIR),
+                   help="where the tokenizer and held-out tokens are")
+    p.add_argument("--out", type=writable_folder, default="exports", help="exports go to OUT/<run folder name>")
     p.add_argument("--prompt", default="Once upon a time")
-    p.add_argument("--max-new-tokens", type=int, default=200, help="must stay inside the training window")
-    p.add_argument("--held-out-tokens", type=int, default=50000,
+    p.add_argument("--max-new-tokens", type=positive_int, default=200, help="must stay inside the training window")
+    p.add_argument("--held-out-tokens", type=positive_int, default=50000,
                    help="held-out tokens decoded to text and re-encoded by both tokenizers")
-    p.add_argument("--json", help="also write the results here")
+    p.add_argument("--json", type=writable_file, help="also write the results here")
     p.add_argument("--gguf", action="store_true", help="check llama.cpp on GGUF exports instead of transformers")
-    p.add_argument("--ctx", type=int, nargs="+", default=[256, 512], help="--gguf: the sweep's contexts")
+    p.add_argument("--ctx", type=at_least(2), nargs="+", default=[256, 512], help="--gguf: the sweep's contexts")
     p.add_argument("--rope-scaling", nargs="+", default=list(LLAMA_CPP_METHODS), choices=LLAMA_CPP_METHODS,
                    help="--gguf: the sweep's methods (those llama.cpp has)")
-    p.add_argument("--rope-factor", type=float,
+    p.add_argument("--rope-factor", type=positive_float,
                    help="--gguf: linear's fixed factor (default: largest --ctx / training context)")
-    p.add_argument("--sweep-tokens", type=int, default=16384, help="--gguf: held-out tokens read per sweep cell")
+    p.add_argument("--sweep-tokens", type=positive_int, default=16384,
+                   help="--gguf: held-out tokens read per sweep cell")
     args = p.parse_args(argv)
-    if args.max_new_tokens < 1:
-        raise SystemExit("error: --max-new-tokens must be at least 1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything is local: never reach for the Hub
 
     tokenizer = Tokenizer.load(Path(args.data_dir) / "tokenizer.json")
@@ -294,4 +304,4 @@ def main(argv: list[str] | None = None) -> list[dict] | dict:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -26,7 +26,6 @@ import argparse
 import copy
 import json
 import math
-import os
 import signal
 import time
 from contextlib import nullcontext
@@ -38,6 +37,7 @@ from mvgpt.bench import machine
 from mvgpt.checkpoint import checkpoint_path, load_model, save_checkpoint
 from mvgpt.data import DATA_DIR, data_tokenizer_hash
 from mvgpt.device import pick_device
+from mvgpt.errors import ArgumentParser, non_negative_float, non_negative_int, run_main, writable_file, writable_folder
 from mvgpt.instruct import (
     IGNORE,
     example_rows,
@@ -68,8 +68,9 @@ from mvgpt.tokenizer import Tokenizer
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--init-from", default="checkpoints/pretrain-rope", help="the base: a run folder or checkpoint")
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--init-from", default="checkpoints/pretrain-rope",
+                   help="the base: a run folder or checkpoint")
     p.add_argument("--data-dir", default=str(DATA_DIR))
     p.add_argument("--out-dir", help="run folder (default: checkpoints/lora-rope, or lora for learned positions)")
     p.add_argument("--runs-dir", default="runs", help="TensorBoard logs, one folder per run")
@@ -77,14 +78,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--alpha", type=float, help=f"the update is scaled by alpha / r (default {DEFAULT_ALPHA:g})")
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--warmup", type=int, default=10, help="warm-up steps")
-    p.add_argument("--grad-clip", type=float, default=1.0)
+    p.add_argument("--grad-clip", type=non_negative_float, default=1.0, help="gradient norm clip (0: none)")
     p.add_argument("--batch-size", type=int, default=8, help="examples (prompt + story) per step")
     p.add_argument("--max-steps", type=int, default=150, help="the schedule's length, and a stop")
     p.add_argument("--minutes", type=float, default=0.0, help="time budget for training (0: none)")
     p.add_argument("--eval-every", type=int, default=25)
     p.add_argument("--eval-examples", type=int, default=64, help="held-out examples for the story loss")
     p.add_argument("--ckpt-every", type=int, default=25)
-    p.add_argument("--seed", type=int, default=1337, help="A's draw, the batches and the measured stories")
+    p.add_argument("--seed", type=non_negative_int, default=1337, help="A's draw, the batches and the measured stories")
     p.add_argument("--device", help="cpu, cuda, mps (default: the best present)")
     p.add_argument("--resume", action="store_true", help="continue the run folder's adapter")
     p.add_argument("--prompts", type=int, default=24, help="held-out prompts measured after training (0: none)")
@@ -92,23 +93,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--temperature", type=float, default=0.8, help="of the measured stories")
     p.add_argument("--top-k", type=int, default=50)
     p.add_argument("--measure", action="store_true", help="only measure the run folder's adapter, no training")
-    p.add_argument("--merge", metavar="OUT", help="only write base + the run folder's adapter, merged, to OUT")
-    p.add_argument("--json", help="write the summary (losses, share, sizes, measurements) here")
-    p.add_argument("--kill-at-step", type=int, help=argparse.SUPPRESS)  # tests: SIGKILL self after it
+    p.add_argument("--merge", metavar="OUT", type=writable_folder,
+                   help="only write base + the run folder's adapter, merged, to OUT")
+    p.add_argument("--json", type=writable_file, help="write the summary (losses, share, sizes, measurements) here")
     args = p.parse_args(argv)
     checks = [
         (args.rank is None or args.rank >= 1, "--rank must be at least 1"),
-        (args.alpha is None or args.alpha > 0, "--alpha must be positive"),
+        (args.alpha is None or 0 < args.alpha < math.inf, "--alpha must be positive"),
         (args.lr > 0 and math.isfinite(args.lr), "--lr must be a positive number"),
         (args.warmup >= 0, "--warmup must be >= 0"),
         (args.batch_size >= 1, "--batch-size must be at least 1"),
         (args.max_steps >= 1, "--max-steps must be at least 1"),
-        (args.minutes >= 0, "--minutes must be >= 0 (0: no time limit)"),
+        (0 <= args.minutes < math.inf, "--minutes must be >= 0 (0: no time limit)"),
         (args.eval_every >= 1 and args.ckpt_every >= 1, "--eval-every and --ckpt-every must be at least 1"),
         (args.eval_examples >= 1, "--eval-examples must be at least 1"),
         (args.prompts >= 0, "--prompts must be >= 0 (0: no measurement)"),
         (args.gen_tokens >= 1, "--gen-tokens must be at least 1"),
-        (args.temperature >= 0, "--temperature must be >= 0 (0 is greedy)"),
+        (0 <= args.temperature < math.inf, "--temperature must be >= 0 (0 is greedy)"),
         (args.top_k >= 1, "--top-k must be at least 1"),
         (not (args.measure and args.merge), "--measure and --merge are separate steps: run one, then the other"),
         (not (args.resume and (args.measure or args.merge)), "--resume trains: drop it with --measure or --merge"),
@@ -321,8 +322,6 @@ def train(model: GPT, args: argparse.Namespace, device, tok_hash: str | None, ou
             bar.update(1)
             if step % args.ckpt_every == 0:
                 save()
-            if args.kill_at_step == step:
-                os.kill(os.getpid(), signal.SIGKILL)
             if stop["signal"] is not None:
                 save()
                 bar.close()
@@ -388,4 +387,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from context import cache_losses, finish, held_out_streams, load, parser, print_rows, score, window_losses
 from tqdm import tqdm
 
-from mvgpt.cli import at_least, positive_float
+from mvgpt.errors import at_least, positive_float, run_main
 from mvgpt.long_context import SinkCache, set_context
 from mvgpt.memory import kv_bytes_per_token, peak_forward_bytes
 from mvgpt.model import GPT
@@ -187,4 +187,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 from mvgpt.checkpoint import checkpoint_path, read_checkpoint
+from mvgpt.errors import ArgumentParser, UserError, positive_int, run_main, writable_folder
 from mvgpt.rope_scaling import SCALING_METHODS
 
 SCRIPTS = Path(__file__).resolve().parent
@@ -31,9 +33,21 @@ TINY = ["--n-layer", "2", "--n-head", "2", "--n-embd", "64", "--block-size", "32
 
 def run(step: list[str], env: dict) -> None:
     print(f"\n$ python {' '.join(step)}", flush=True)
-    result = subprocess.run([sys.executable, *step], env=env)
-    if result.returncode:
-        raise SystemExit(result.returncode)
+    child = subprocess.Popen([sys.executable, *step], env=env)
+    try:
+        code = child.wait()
+    except KeyboardInterrupt:  # Ctrl-C: the step stops cleanly and says so in its one line, then we stop
+        try:
+            code = child.wait(timeout=1)  # a terminal's Ctrl-C reaches the step too
+        except subprocess.TimeoutExpired:
+            child.send_signal(signal.SIGINT)  # only we were told: pass it on
+            code = child.wait()
+        if code != 130:
+            raise  # the step had ended: our own one line
+    if code < 0:
+        raise UserError(f"{Path(step[0]).name} was killed by signal {-code} (out of memory?): run main.py again")
+    if code:
+        raise SystemExit(code)
 
 
 def finished_steps(run_dir: Path) -> int:
@@ -63,13 +77,14 @@ def measure(step: list[str], out: Path, checkpoints: list[str], env: dict) -> No
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--source", help="TinyStories file or folder (default: $MVGPT_TINYSTORIES, else download)")
-    p.add_argument("--out", help="where data/, checkpoints/, runs/ and results/ go (default: here; tiny/ with --tiny)")
-    p.add_argument("--max-steps", type=int, default=STEPS, help="training steps for each kind (same for both)")
+    p.add_argument("--out", type=writable_folder,
+                   help="where data/, checkpoints/, runs/ and results/ go (default: here; tiny/ with --tiny)")
+    p.add_argument("--max-steps", type=positive_int, default=STEPS, help="training steps for each kind (same for both)")
     p.add_argument("--device", help="cpu, cuda, mps (default: the best present)")
-    p.add_argument("--finetune-steps", type=int, default=80, help="steps of the long-context fine-tune")
-    p.add_argument("--lora-steps", type=int, default=150, help="steps of the LoRA instruction fine-tune")
+    p.add_argument("--finetune-steps", type=positive_int, default=80, help="steps of the long-context fine-tune")
+    p.add_argument("--lora-steps", type=positive_int, default=150, help="steps of the LoRA instruction fine-tune")
     p.add_argument("--tiny", action="store_true", help="a tiny model and vocabulary: checks the pipeline")
     args = p.parse_args(argv)
 
@@ -130,4 +145,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main, interrupted="run the same command again: the steps done are skipped, training resumes")

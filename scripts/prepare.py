@@ -16,7 +16,8 @@ import sys
 import time
 from pathlib import Path
 
-from mvgpt.data import DATA_DIR, DEFAULT_MAX_TRAIN_MB, SOURCE_ENV, prepare, resolve_source
+from mvgpt.data import DATA_DIR, DEFAULT_MAX_TRAIN_MB, MAX_VOCAB, MIN_VOCAB, SOURCE_ENV, prepare, resolve_source
+from mvgpt.errors import ArgumentParser, non_negative_float, number, run_main, writable_file, writable_folder
 from mvgpt.io import write_json
 
 
@@ -32,14 +33,16 @@ def data_counts(meta: dict, command: list[str]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--source", help=f"TinyStories text file or folder (default: ${SOURCE_ENV}, else download)")
-    p.add_argument("--data-dir", default=str(DATA_DIR), help="where the tokenizer and bins go")
-    p.add_argument("--vocab-size", type=int, default=8192, help="tokens, <|endoftext|> included")
-    p.add_argument("--max-train-mb", type=float, default=DEFAULT_MAX_TRAIN_MB,
+    p.add_argument("--data-dir", type=writable_folder, default=str(DATA_DIR), help="where the tokenizer and bins go")
+    p.add_argument("--vocab-size", type=number(int, lambda v: MIN_VOCAB <= v <= MAX_VOCAB,
+                                               f"a whole number from {MIN_VOCAB} to {MAX_VOCAB}"),
+                   default=8192, help="tokens, <|endoftext|> included")
+    p.add_argument("--max-train-mb", type=non_negative_float, default=DEFAULT_MAX_TRAIN_MB,
                    help="download at most this much of the 1.9 GB train file (0: all)")
     p.add_argument("--force", action="store_true", help="prepare again even if done for these inputs")
-    p.add_argument("--json", help="also write the counts of each split here (for the docs)")
+    p.add_argument("--json", type=writable_file, help="also write the counts of each split here (for the docs)")
     args = p.parse_args(argv)
 
     t0 = time.perf_counter()
@@ -60,4 +63,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main, interrupted="nothing was changed: the data already prepared, if any, is as it was")

@@ -46,6 +46,7 @@ from mvgpt.bench import machine
 from mvgpt.checkpoint import CHECKPOINT_NAME, config_from_dict, read_checkpoint, save_checkpoint
 from mvgpt.data import DATA_DIR, data_tokenizer_hash, get_batch, load_tokens
 from mvgpt.device import pick_device
+from mvgpt.errors import run_main
 from mvgpt.io import write_json
 from mvgpt.model import GPT, GPTConfig
 from mvgpt.perf import tune_malloc
@@ -564,4 +565,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main, interrupted="the last checkpoint saved is kept: continue with --resume")

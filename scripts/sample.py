@@ -19,10 +19,11 @@ from pathlib import Path
 
 import torch
 
-from mvgpt.checkpoint import load_model
+from mvgpt.checkpoint import checkpoint_arg, load_model
 from mvgpt.cli import add_context_args, apply_context_args
-from mvgpt.data import DATA_DIR, data_tokenizer_hash
+from mvgpt.data import DATA_DIR, data_tokenizer_hash, prepared_data
 from mvgpt.device import pick_device
+from mvgpt.errors import ArgumentParser, non_negative_float, non_negative_int, positive_int, run_main
 from mvgpt.lora import load_adapter
 from mvgpt.precision import CHOICES as DTYPE_CHOICES
 from mvgpt.precision import resolve_dtype
@@ -30,23 +31,21 @@ from mvgpt.tokenizer import Tokenizer
 
 
 def main(argv: list[str] | None = None) -> str:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("checkpoint", help="run folder or checkpoint file")
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("checkpoint", type=checkpoint_arg, help="run folder or checkpoint file")
     p.add_argument("--prompt", default="Once upon a time")
-    p.add_argument("--max-new-tokens", type=int, default=300, help="may exceed the window")
-    p.add_argument("--temperature", type=float, default=0.8, help="0 is greedy")
-    p.add_argument("--top-k", type=int, default=50)
-    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--max-new-tokens", type=non_negative_int, default=300, help="may exceed the window")
+    p.add_argument("--temperature", type=non_negative_float, default=0.8, help="0 is greedy")
+    p.add_argument("--top-k", type=positive_int, default=50)
+    p.add_argument("--seed", type=non_negative_int, default=1337)
     p.add_argument("--no-cache", action="store_true", help="re-read the last window for every token")
-    p.add_argument("--data-dir", default=str(DATA_DIR), help="where the tokenizer is")
+    p.add_argument("--data-dir", type=prepared_data, default=str(DATA_DIR), help="where the tokenizer is")
     p.add_argument("--device", help="cpu, cuda, mps (default: the best present)")
     p.add_argument("--adapter", help="a LoRA run folder or adapter file for this checkpoint, applied unmerged")
     p.add_argument("--dtype", default="float32", choices=DTYPE_CHOICES,
                    help="the weights' dtype while sampling (bfloat16: half the bytes a decoding step reads)")
     add_context_args(p)
     args = p.parse_args(argv)
-    if args.max_new_tokens < 0:
-        raise SystemExit("error: --max-new-tokens must be >= 0")
 
     device = pick_device(args.device)
     tokenizer = Tokenizer.load(Path(args.data_dir) / "tokenizer.json")
@@ -59,19 +58,13 @@ def main(argv: list[str] | None = None) -> str:
     ids = tokenizer.encode(args.prompt) or [tokenizer.eot]
     idx = torch.tensor([ids], device=device)
     print(args.prompt, end="", flush=True)
-    pending, out = b"", []
+    stream, out = tokenizer.stream(), []  # whole characters only: a token can end inside one
     for token in model.generate(idx, args.max_new_tokens, args.temperature, args.top_k, args.seed, not args.no_cache):
         out.append(token.item())
-        pending += tokenizer.decode_bytes([token.item()])
-        try:  # print whole characters only: a token can end inside a multi-byte one
-            text = pending.decode("utf-8")
-        except UnicodeDecodeError:
-            continue
-        print(text, end="", flush=True)
-        pending = b""
-    print()
+        print(stream.add(out[-1]), end="", flush=True)
+    print(stream.flush())
     return tokenizer.decode(out)
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -1,10 +1,16 @@
 import logging
+import os
+import signal
+import subprocess
+import sys
 from dataclasses import asdict
+from pathlib import Path
 
 import pytest
 import torch
 from conftest import tiny_model
 
+from mvgpt import checkpoint
 from mvgpt.checkpoint import load_model, read_checkpoint, save_checkpoint
 
 
@@ -72,4 +78,111 @@ def test_tokenizer_hash_mismatch_is_refused(tmp_path):
     save_checkpoint(tmp_path / "run", tiny_model(), tokenizer_hash="aaaa")
     with pytest.raises(SystemExit, match="trained with tokenizer aaaa, but data/ has bbbb") as e:
         load_model(tmp_path / "run", tokenizer_hash="bbbb")
+    one_line_error(e)
+
+
+def dead_pid() -> int:
+    """The id of a process that has exited (and been reaped)."""
+    child = subprocess.Popen([sys.executable, "-c", ""])
+    child.wait()
+    return child.pid
+
+
+def test_temp_files_of_dead_writers_are_removed_by_the_next_save(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    stale = run / f".ckpt.pt.tmp{dead_pid()}"
+    stale.write_bytes(b"half a checkpoint")
+    live = run / f".ckpt.pt.tmp{os.getppid()}"  # a process still running may still be writing it
+    live.write_bytes(b"being written")
+    other = run / f".log.jsonl.tmp{dead_pid()}"  # another file's temp: not this write's business
+    other.write_bytes(b"x")
+    save_checkpoint(run, tiny_model())
+    assert sorted(p.name for p in run.iterdir()) == sorted(["ckpt.pt", live.name, other.name])
+
+
+KILLED_MID_SAVE = """
+import sys, time, torch
+sys.path.insert(0, {root!r}); sys.path.insert(0, {root!r} + "/tests")
+from conftest import tiny_model
+from mvgpt import checkpoint
+def half_then_hang(state, f):
+    f.write(b"PK half a zip"); f.flush()
+    print("writing", flush=True)
+    time.sleep(60)
+checkpoint.torch.save = half_then_hang
+checkpoint.save_checkpoint({run!r}, tiny_model(seed=1))
+"""
+
+
+def test_kill_9_mid_save_keeps_the_previous_checkpoint_and_the_next_save_cleans_up(tmp_path):
+    run = tmp_path / "run"
+    save_checkpoint(run, tiny_model(seed=0), step=1)
+    before = (run / "ckpt.pt").read_bytes()
+    code = KILLED_MID_SAVE.format(root=str(Path(__file__).resolve().parents[1]), run=str(run))
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline() == "writing\n"
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    assert (run / "ckpt.pt").read_bytes() == before  # intact, and still loads
+    assert read_checkpoint(run)["step"] == 1
+    assert [p.name for p in run.glob(".ckpt.pt.tmp*")] == [f".ckpt.pt.tmp{child.pid}"]
+    save_checkpoint(run, tiny_model(seed=2), step=2)
+    assert sorted(p.name for p in run.iterdir()) == ["ckpt.pt"] and read_checkpoint(run)["step"] == 2
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux)")
+def test_full_disk_is_one_line_that_says_disk_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    save_checkpoint(run, tiny_model(seed=0), step=1)
+    before = (run / "ckpt.pt").read_bytes()
+    # every write of the checkpoint goes to /dev/full, where the kernel answers ENOSPC
+    monkeypatch.setattr(checkpoint, "open", lambda path, mode: open("/dev/full", mode), raising=False)
+    with pytest.raises(SystemExit, match="the disk is full") as e:
+        save_checkpoint(run, tiny_model(seed=1), step=2)
+    one_line_error(e)
+    assert (run / "ckpt.pt").read_bytes() == before and [p.name for p in run.iterdir()] == ["ckpt.pt"]
+
+
+def test_unwritable_place_is_one_line(tmp_path):
+    (tmp_path / "file").write_text("not a folder")
+    with pytest.raises(SystemExit, match=r"cannot write .*pick a folder you can write") as e:
+        save_checkpoint(tmp_path / "file" / "run", tiny_model())
+    one_line_error(e)
+    if os.geteuid() != 0:  # root may write anywhere
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        with pytest.raises(SystemExit, match="Permission denied") as e:
+            save_checkpoint(locked, tiny_model())
+        one_line_error(e)
+
+
+def save_with_config(path, model, **config):
+    state = {"model": model.state_dict(), "config": {**asdict(model.config), **config}}
+    torch.save(state, path)
+    return path
+
+
+@pytest.mark.parametrize("config, message", [
+    (dict(n_layer=-1), "n_layer=-1, which no model can have"),
+    (dict(n_head=0), "n_head=0, which no model can have"),
+    (dict(vocab_size="64"), "vocab_size='64', which no model can have"),
+    (dict(rope_theta=float("nan")), "rope_theta=nan, which no model can have"),
+    (dict(rope=1), "rope=1, which no model can have"),
+    (dict(n_head=3), "inconsistent"),  # 32 channels do not split into 3 heads
+    (dict(n_layer=10**6, n_embd=2**16, n_head=2**8), "does not match its config"),  # terabytes, never built
+    (dict(n_embd=64), "does not match its config"),  # weights of 32 channels
+])
+def test_insane_configs_are_refused_before_anything_is_allocated(tmp_path, config, message):
+    path = save_with_config(tmp_path / "crafted.pt", tiny_model(), **config)
+    with pytest.raises(SystemExit, match=message) as e:
+        load_model(path)
+    one_line_error(e)
+
+
+def test_a_config_too_big_for_the_machine_is_refused(tmp_path):
+    # a rope model has no table of positions, so its weights fit any block size: only the size says no
+    path = save_with_config(tmp_path / "huge.pt", tiny_model(rope=True), block_size=2**40)
+    with pytest.raises(SystemExit, match=r"asks for [\d,.]+ GiB .*block_size=1099511627776.*crafted") as e:
+        load_model(path)
     one_line_error(e)

@@ -15,11 +15,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--ctx", "0"], "argument --ctx: 0 is below 1: give 1 or more"),
-    (["--n", "1"], "argument --n: 1 is below 2: give 2 or more"),
-    (["--n", "2.5"], "argument --n: '2.5' is not a whole number"),
-    (["--x", "0"], "argument --x: 0 is not positive"),
-    (["--x", "nan"], "argument --x: nan is not positive"),
+    (["--ctx", "0"], "argument --ctx: 0 is out of range: give a whole number >= 1"),
+    (["--n", "1"], "argument --n: 1 is out of range: give a whole number >= 2"),
+    (["--n", "2.5"], "argument --n: '2.5' is not a number: give a whole number >= 2"),
+    (["--x", "0"], "argument --x: 0 is out of range: give a number above 0"),
+    (["--x", "nan"], "argument --x: nan is out of range: give a number above 0"),
     (["--rope-factor", "x"], "argument --rope-factor: 'x' is not a number"),
     (["--rope-scaling", "quadratic"], "argument --rope-scaling: invalid choice"),
 ])

@@ -74,13 +74,13 @@ def test_cache_losses_without_sliding_equal_the_full_forward_with_one_block():
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--streams", "0"], "--streams: 0 is below 1"),
-    (["--length", "1"], "--length: 1 is below 2"),
-    (["--length", "many"], "--length: 'many' is not a whole number"),
+    (["--streams", "0"], "--streams: 0 is out of range"),
+    (["--length", "1"], "--length: 1 is out of range"),
+    (["--length", "many"], "--length: 'many' is not a number"),
 ])
-def test_bad_flags_are_one_line_errors(tmp_path, capsys, flags, message):
+def test_bad_flags_are_one_line_errors(data_dir, tmp_path, capsys, flags, message):
+    ckpt = save_checkpoint(tmp_path / "run", tiny_model(vocab_size=300))
     with pytest.raises(SystemExit) as exit_:
-        context.main([str(tmp_path / "missing"), *flags])
-    assert exit_.value.code == 2 and message in capsys.readouterr().err
-
-
+        context.main([str(ckpt), "--data-dir", str(data_dir), *flags])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and message in err and err.count("\n") == 1

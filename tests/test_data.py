@@ -1,8 +1,15 @@
+import hashlib
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import write_corpus
+from conftest import ROOT, write_corpus
 
 from mvgpt import data
 from mvgpt.data import download, get_batch, load_tokens, prepare, read_meta, resolve_source
@@ -51,23 +58,136 @@ def test_single_file_holds_out_its_last_stories(tmp_path):
     assert meta["train_stories"] == 95 and meta["val_stories"] == 5
 
 
-def test_interrupted_preparation_leaves_nothing_that_looks_complete(corpus_dir, tmp_path, monkeypatch):
-    prepare(corpus_dir, tmp_path, vocab_size=280)
-    other = tmp_path / "other"
-    other.mkdir()
-    write_corpus(other / "train.txt", 50, seed=4)
-    write_corpus(other / "valid.txt", 10, seed=5)
+def hashes(folder: Path) -> dict[str, str]:
+    """Every file under folder (hidden ones included) -> the sha256 of its bytes."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def other_corpus(folder: Path, n_train: int = 50, seed: int = 4) -> Path:
+    folder.mkdir()
+    write_corpus(folder / "train.txt", n_train, seed=seed)
+    write_corpus(folder / "valid.txt", 10, seed=seed + 1)
+    return folder
+
+
+def test_interrupted_preparation_keeps_the_data_already_there(corpus_dir, tmp_path, monkeypatch):
+    prepare(corpus_dir, tmp_path / "data", vocab_size=280)
+    before = hashes(tmp_path / "data")
+    other = other_corpus(tmp_path / "other")
 
     def crash(path, *args, **kwargs):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(data, "write_tokens", crash)
     with pytest.raises(KeyboardInterrupt):
-        prepare(other, tmp_path, vocab_size=280)
-    assert read_meta(tmp_path) is None  # no meta: nothing reads it as complete
-    with pytest.raises(SystemExit, match="no complete prepared data"):
-        load_tokens(tmp_path, "train")
-    assert not list(tmp_path.glob(".*tmp*"))  # no temporary files left behind
+        prepare(other, tmp_path / "data", vocab_size=280)
+    assert hashes(tmp_path / "data") == before  # untouched, no staging folder or temp file left
+    assert read_meta(tmp_path / "data")["source_hash"] == data.source_fingerprint(corpus_dir)
+
+
+@pytest.mark.parametrize("vocab_size", [0, -5, 257, 2**16 + 1])
+def test_impossible_vocab_size_is_refused_before_anything_is_touched(corpus_dir, tmp_path, vocab_size):
+    prepare(corpus_dir, tmp_path, vocab_size=280)
+    before = hashes(tmp_path)
+    with pytest.raises(SystemExit, match=f"a vocabulary of {vocab_size} tokens cannot be: give 258 to 65536"):
+        prepare(corpus_dir, tmp_path, vocab_size=vocab_size, force=True)
+    assert hashes(tmp_path) == before
+
+
+def test_non_utf8_source_names_the_file_and_the_fix(corpus_dir, tmp_path):
+    prepare(corpus_dir, tmp_path / "data", vocab_size=280)
+    before = hashes(tmp_path / "data")
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes("Zoë saw a café.\n<|endoftext|>\nTom too.\n<|endoftext|>\n".encode("latin-1"))
+    with pytest.raises(SystemExit) as e:
+        prepare(bad, tmp_path / "data", vocab_size=280)
+    assert str(e.value.code) == (f"error: {bad} is not UTF-8 text (byte 2 is b'\\xeb'): convert it, e.g. "
+                                 f"`iconv -f latin1 -t utf-8 {bad} > stories.txt`, and pass --source the new file")
+    assert hashes(tmp_path / "data") == before
+
+
+def test_leftovers_of_killed_runs_are_removed_or_finished(corpus_dir, tmp_path):
+    out = tmp_path / "data"
+    prepare(corpus_dir, out, vocab_size=280)
+    pid = dead_pid()
+    unfinished = out / f".prepare.tmp{pid}"  # killed while training: removed
+    unfinished.mkdir()
+    (unfinished / "tokenizer.json").write_text("half")
+    before = hashes(out)
+    del before[f".prepare.tmp{pid}/tokenizer.json"]
+    assert prepare(corpus_dir, out, vocab_size=280).get("skipped")
+    assert hashes(out) == before
+
+    # killed while moving a complete preparation in: the old meta.json gone, the tokenizer moved
+    newer = prepare(other_corpus(tmp_path / "other"), tmp_path / "newer", vocab_size=280)
+    moving = out / f".prepare.tmp{dead_pid()}"
+    moving.mkdir()
+    for name in ("train.bin", "val.bin", "meta.json"):
+        os.replace(tmp_path / "newer" / name, moving / name)
+    os.replace(tmp_path / "newer" / "tokenizer.json", out / "tokenizer.json")
+    (out / "meta.json").unlink()
+    assert read_meta(out) is None
+    prepare(corpus_dir, out, vocab_size=280)  # finishes the move, then sees other inputs: prepares again
+    assert sorted(p.name for p in out.iterdir()) == sorted(data.PREPARED)
+    newest = prepare(tmp_path / "other", out, vocab_size=280)
+    assert not newest.get("skipped") and newest["tokenizer_hash"] == newer["tokenizer_hash"]
+
+
+def dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", ""])
+    child.wait()
+    return child.pid
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "kill-9"])
+def test_prepare_stopped_midway_keeps_the_data_and_leaves_no_temp_files(corpus_dir, tmp_path, sig):
+    out = tmp_path / "data"
+    prepare(corpus_dir, out, vocab_size=280)
+    before = hashes(out)
+    big = tmp_path / "big"  # long enough to be caught midway
+    big.mkdir()
+    write_corpus(big / "train.txt", 30000, seed=7)
+    write_corpus(big / "valid.txt", 10, seed=8)
+    child = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "prepare.py"), "--source", str(big),
+                              "--data-dir", str(out), "--vocab-size", "400"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not list(out.glob(".prepare.tmp*")) and child.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    child.send_signal(sig)
+    _, err = child.communicate(timeout=120)
+    if sig == signal.SIGINT:
+        assert child.returncode == 130
+        assert err == "interrupted (Ctrl-C): nothing was changed: the data already prepared, if any, is as it was\n"
+    else:
+        assert child.returncode == -9
+        assert [p.name for p in out.glob(".prepare.tmp*")] == [f".prepare.tmp{child.pid}"]  # what kill -9 leaves
+        assert prepare(corpus_dir, out, vocab_size=280).get("skipped")  # the next run clears it away
+    assert hashes(out) == before
+
+
+def test_prepare_flags_are_checked_before_anything(corpus_dir, tmp_path, capsys):
+    prepare(corpus_dir, tmp_path / "data", vocab_size=280)
+    before = hashes(tmp_path)
+    import prepare as script
+
+    cases = {
+        ("--vocab-size", "0"): "argument --vocab-size: 0 is out of range: give a whole number from 258 to 65536",
+        ("--vocab-size", "x"): "argument --vocab-size: 'x' is not a number: give a whole number from 258 to 65536",
+        ("--max-train-mb", "-1"): "argument --max-train-mb: -1 is out of range: give a number >= 0",
+        ("--json", str(tmp_path / "data" / "meta.json" / "x.json")):
+            f"argument --json: cannot write {tmp_path}/data/meta.json/x.json: {tmp_path}/data/meta.json is a file",
+    }
+    for flags, message in cases.items():
+        with pytest.raises(SystemExit) as e:
+            script.main(["--source", str(corpus_dir), "--data-dir", str(tmp_path / "data"), *flags])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.startswith(f"error: {message}") and err.count("\n") == 1
+    with pytest.raises(SystemExit):
+        script.main(["--source", str(corpus_dir), "--data-dir", str(tmp_path / "data" / "meta.json")])
+    assert "is a file: give a folder" in capsys.readouterr().err
+    assert hashes(tmp_path) == before
 
 
 def test_a_write_interrupted_midway_keeps_no_partial_file(tmp_path, data_dir):

@@ -4,6 +4,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import evaluate
 import finetune
@@ -16,7 +17,7 @@ from test_instruct import write_corpus
 
 from mvgpt.checkpoint import load_model
 from mvgpt.data import prepare
-from mvgpt.lora import load_adapter, read_adapter
+from mvgpt.lora import adapter_path, load_adapter, read_adapter
 
 TINY = ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "32", "--batch-size", "4",
         "--eval-batches", "1", "--eval-every", "5", "--warmup", "2", "--minutes", "0", "--max-steps", "6"]
@@ -107,18 +108,26 @@ def test_merge_writes_a_checkpoint_every_reader_loads(world, tmp_path):
     assert with_adapter == sample.main([str(tmp_path / "merged"), *flags])
 
 
+STEPS = 60  # enough that a kill from outside lands midway
+
+
 def test_kill_and_resume_continues_as_if_never_stopped(world):
     root = world["root"]
-    args = ["--init-from", str(root / "base-rope"), *world["common"], "--max-steps", "5", "--ckpt-every", "2",
+    args = ["--init-from", str(root / "base-rope"), *world["common"], "--max-steps", str(STEPS), "--ckpt-every", "2",
             "--batch-size", "4", "--eval-every", "2", "--eval-examples", "4", "--prompts", "0"]
     finetune.main([*args, "--out-dir", str(root / "whole")])
-    killed = script(*args, "--out-dir", str(root / "split"), "--kill-at-step", "3")
-    assert killed.returncode == -signal.SIGKILL
-    assert read_adapter(root / "split")["step"] == 2
+    killed = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "finetune.py"), *args, "--out-dir",
+                               str(root / "split")], env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    while not adapter_path(root / "split").exists() and killed.poll() is None:
+        time.sleep(0.005)
+    killed.kill()  # kill -9 from outside as soon as an adapter is on disk
+    assert killed.wait(timeout=120) == -signal.SIGKILL
+    assert 2 <= read_adapter(root / "split")["step"] < STEPS
     finetune.main([*args, "--out-dir", str(root / "split"), "--resume"])
     whole, split = read_adapter(root / "whole"), read_adapter(root / "split")
     torch.testing.assert_close(torch.tensor(split["losses"]), torch.tensor(whole["losses"]), atol=1e-6, rtol=0)
-    assert len(split["losses"]) == 5
+    assert len(split["losses"]) == STEPS
     for name, t in whole["lora"].items():
         torch.testing.assert_close(split["lora"][name], t, atol=1e-6, rtol=0)
 

@@ -33,17 +33,19 @@ def test_sweep_sinks_and_dynamic_modes(data_dir, tmp_path):
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--ctx", "0"], "--ctx: 0 is below 1"),
-    (["--sinks", "-1"], "--sinks: -1 is below 0"),
-    (["--streams", "0", "--dynamic"], "--streams: 0 is below 1"),
-    (["--ctx", "64", "--rope-factor", "0"], "--rope-factor: 0 is not positive"),
+    (["--ctx", "0"], "--ctx: 0 is out of range"),
+    (["--sinks", "-1"], "--sinks: -1 is out of range"),
+    (["--streams", "0", "--dynamic"], "--streams: 0 is out of range"),
+    (["--ctx", "64", "--rope-factor", "0"], "--rope-factor: 0 is out of range"),
     (["--ctx", "64", "--sinks", "2"], "not allowed with argument"),
     ([], "one of the arguments --ctx --sinks --dynamic is required"),
 ])
-def test_bad_flags_are_one_line_errors(tmp_path, capsys, flags, message):
+def test_bad_flags_are_one_line_errors(data_dir, tmp_path, capsys, flags, message):
+    ckpt = save_checkpoint(tmp_path / "run", tiny_model(rope=True, vocab_size=300))
     with pytest.raises(SystemExit) as exit_:
-        long_context.main([str(tmp_path / "missing"), *flags])
-    assert exit_.value.code == 2 and message in capsys.readouterr().err
+        long_context.main([str(ckpt), "--data-dir", str(data_dir), *flags])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and message in err and err.count("\n") == 1
 
 
 def test_memory_is_computed_and_measured():

@@ -52,3 +52,37 @@ def test_save_load_keeps_encoding_and_hash(tmp_path):
     for text in TEXTS:
         assert again.encode(text) == tok.encode(text)
     assert trained(301).hash != tok.hash
+
+
+def test_stream_holds_a_split_character_until_it_is_whole():
+    tok = trained()
+    kite = "🪁".encode()  # 4 bytes, one token each here: the single-byte tokens
+    ids = [tok.ranks[bytes([b])] for b in kite]
+    stream = tok.stream()
+    assert [stream.add(i) for i in ids] == ["", "", "", "🪁"]
+    assert stream.flush() == ""
+    stream = tok.stream()  # a character cut short by the end of the story: U+FFFD, as decode() shows
+    assert [stream.add(i) for i in ids[:2]] == ["", ""] and stream.flush() == "\ufffd"
+
+
+def test_stream_goes_on_after_bytes_that_make_no_character():
+    tok = trained()
+    stray = tok.ranks[bytes([0x80])]  # a continuation byte on its own: never valid UTF-8
+    stream = tok.stream()
+    got = [stream.add(i) for i in [stray, *tok.encode("Lily saw a café")]]
+    assert "".join(got) == "\ufffdLily saw a café" and got[0] == "\ufffd"
+    assert stream.flush() == ""
+
+
+def test_stream_pieces_join_to_decode_for_any_ids():
+    tok = trained()
+    rng = random.Random(2)
+    for _ in range(200):  # random ids: split characters, stray bytes, the special token
+        ids = [rng.randrange(tok.vocab_size) for _ in range(rng.randint(0, 30))]
+        stream = tok.stream()
+        assert "".join(stream.add(i) for i in ids) + stream.flush() == tok.decode(ids)
+    text = "Zoë flew a kite 🪁 at the café, 日本語."
+    stream = tok.stream()
+    pieces = [stream.add(i) for i in tok.encode(text)]
+    assert "".join(pieces) + stream.flush() == text
+    assert all("\ufffd" not in p for p in pieces)  # nothing shown before it is whole

@@ -1,0 +1,137 @@
+"""The edges of every script: flags checked as they are parsed, and a user's trouble told in one line.
+
+A mistake of the user's or of the machine's (a bad flag, a missing file, no permission, a full
+disk, Ctrl-C) ends with one line on stderr naming the problem and the fix, and a non-zero exit.
+A bug in our code keeps its traceback: that is what a bug report needs. A script does
+`p = ArgumentParser(...)`, `p.add_argument("--batch-size", type=positive_int)`, and ends with
+`run_main(main)`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import math
+import os
+import signal
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+
+class UserError(SystemExit):
+    """Something the user can fix: `error: message` on stderr and exit 1, also inside main()."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(f"error: {message}")
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse, with a bad flag told in one line (not the usage block), exit 2."""
+
+    def error(self, message: str) -> None:
+        sys.stderr.write(f"error: {message} (see {self.prog} --help)\n")
+        raise SystemExit(2)
+
+
+# ----------------------------------------------------------------------------------------------
+# argparse `type=` checks: each returns the value, or says what is wrong and what would do
+
+
+def number(kind: type, ok: Callable[[float], bool], wanted: str) -> Callable[[str], int | float]:
+    """A finite int or float for which ok(value) holds; otherwise `... : give {wanted}`."""
+
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number: give {wanted}") from None
+        if not math.isfinite(value) or not ok(value):
+            raise argparse.ArgumentTypeError(f"{text} is out of range: give {wanted}")
+        return value
+
+    parse.__name__ = wanted  # argparse names the type in its own messages
+    return parse
+
+
+def at_least(low: int) -> Callable[[str], int]:
+    return number(int, lambda v: v >= low, f"a whole number >= {low}")
+
+
+positive_int = at_least(1)
+non_negative_int = at_least(0)
+positive_float = number(float, lambda v: v > 0, "a number above 0")
+non_negative_float = number(float, lambda v: v >= 0, "a number >= 0")
+share = number(float, lambda v: 0 <= v <= 1, "a number from 0 to 1")
+
+
+def positive_ints(text: str) -> list[int]:
+    """A comma-separated list of whole numbers >= 1, e.g. 1,8,32."""
+    return [positive_int(part) for part in text.split(",")]
+
+
+def _probe(text: str, folder: Path) -> None:
+    """Can a file be made in folder, or in its nearest existing parent (where we would make it)?
+    A test file says, and is removed at once: nothing is left behind, whatever the answer."""
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir():
+        raise argparse.ArgumentTypeError(f"cannot write {text}: {folder} is a file, not a folder")
+    try:
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as e:
+        raise argparse.ArgumentTypeError(f"cannot write {text} ({e.strerror}): pick a writable path") from None
+
+
+def writable_file(text: str) -> str:
+    """An output file we will be able to write, checked now rather than after the work."""
+    if Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a folder: give a file name")
+    _probe(text, Path(text).absolute().parent)
+    return text
+
+
+def writable_folder(text: str) -> str:
+    """An output folder (there or to be made) we will be able to write in."""
+    if Path(text).exists() and not Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a file: give a folder")
+    _probe(text, Path(text).absolute())
+    return text
+
+
+# ----------------------------------------------------------------------------------------------
+# The guard around main()
+
+DISK_FULL = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
+
+
+def os_error_line(e: OSError) -> str | None:
+    """One line for an OSError caused by the user's files or the machine; None for anything else."""
+    where = f" ({e.filename})" if e.filename else ""
+    if e.errno in DISK_FULL:
+        return f"the disk is full{where}: free some space (or write elsewhere) and run again"
+    if isinstance(e, PermissionError) or e.errno == errno.EROFS:
+        return f"{e.strerror}{where}: pick a path you can write, or fix its permissions"
+    if isinstance(e, (FileNotFoundError, NotADirectoryError, IsADirectoryError)) and e.filename:
+        return f"{e.strerror}: {e.filename}: check the path"
+    return None
+
+
+def run_main(main: Callable[[], object], interrupted: str = "run the command again to start over") -> None:
+    """Run a script's main(); the user's and the machine's errors become one line on stderr."""
+    try:
+        main()
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the message short
+        sys.stderr.write(f"interrupted (Ctrl-C): {interrupted}\n")
+        raise SystemExit(130) from None
+    except BrokenPipeError:  # `... | head`: the reader left, there is no one to tell
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise SystemExit(1) from None
+    except OSError as e:
+        line = os_error_line(e)
+        if line is None:
+            raise
+        sys.stderr.write(f"error: {line}\n")
+        raise SystemExit(1) from None

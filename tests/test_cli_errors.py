@@ -1,0 +1,403 @@
+"""Every bad input we know of, through the real command line: one line, a non-zero exit, nothing lost.
+
+Each case runs a script as `python scripts/X.py ARGS` does (its __main__ block, argparse, run_main)
+in a world of its own: a folder holding prepared data and tiny checkpoints under the default names
+(data/, checkpoints/pretrain, ...), the working directory of every case. A case's process is forked
+from a driver that imported the scripts once: a fresh interpreter per case would spend minutes
+importing torch on two cores. Each must exit non-zero with exactly one line on stderr and no
+traceback, and leave every file of the world as it was (hashes before and after).
+Kill -9 and Ctrl-C of prepare, pretrain and main run as real processes, below the table.
+
+docs/errors.md is made from this table and what each case printed: `python dev/errors_page.py`
+writes it; test_the_docs_page_is_up_to_date fails when it has drifted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import runpy
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ROOT, tiny_config, write_corpus
+
+from mvgpt.checkpoint import read_checkpoint, save_checkpoint
+from mvgpt.data import data_tokenizer_hash, prepare, read_meta
+from mvgpt.model import GPT
+
+SCRIPTS = ROOT / "scripts"
+CASE_SECONDS = 60  # a case still running after this did work instead of refusing: a failure
+
+
+@dataclass
+class Case:
+    script: str  # scripts/NAME.py
+    args: str  # as typed, in the world's folder
+    expect: str  # a piece of the one line
+    why: str = ""  # what the case tries, for the docs page
+
+    @property
+    def command(self) -> str:
+        return f"python scripts/{self.script}.py {self.args}".strip()
+
+
+CASES: list[Case] = [
+    # prepare: checked before anything is read or deleted
+    Case("prepare", "--source stories --vocab-size 0", "--vocab-size: 0 is out of range", "a typo on prepared data"),
+    Case("prepare", "--source stories --vocab-size 70000", "give a whole number from 258 to 65536",
+         "ids must fit in uint16"),
+    Case("prepare", "--source stories --max-train-mb nan", "--max-train-mb: nan is out of range"),
+    Case("prepare", "--source stories --data-dir notes.txt", "notes.txt is a file: give a folder"),
+    Case("prepare", "--source stories --json notes.txt/counts.json", "notes.txt is a file, not a folder"),
+    Case("prepare", "--source missing", "source missing does not exist"),
+    Case("prepare", "--source latin1.txt", "is not UTF-8 text", "a source in another encoding"),
+    Case("prepare", "--source notes.txt", "no <|endoftext|> separators"),
+    # pretrain: a run folder is someone's work
+    Case("pretrain", "--max-steps 1", "holds a run already", "forgetting --resume"),
+    Case("pretrain", "--rope --max-steps 0", "--max-steps 0 must be at least 1"),
+    Case("pretrain", "--rope --minutes -1", "--minutes -1.0 must be at least 0"),
+    Case("pretrain", "--rope --minutes nan", "--minutes nan is not a finite number"),
+    Case("pretrain", "--grad-clip -1", "--grad-clip -1.0 must be at least 0", "would reverse training"),
+    Case("pretrain", "--min-lr-ratio -3", "--min-lr-ratio -3.0 must be at least 0", "a negative learning rate"),
+    Case("pretrain", "--block-size 0", "--block-size 0 must be at least 1"),
+    Case("pretrain", "--batch-size 0", "--batch-size 0 must be at least 1"),
+    Case("pretrain", "--eval-every 0", "--eval-every 0 must be at least 1"),
+    Case("pretrain", "--ckpt-every 0", "--ckpt-every 0 must be at least 1"),
+    Case("pretrain", "--seed -1", "--seed -1 must be at least 0"),
+    Case("pretrain", "--lr nan", "--lr nan is not a finite number"),
+    Case("pretrain", "--n-embd 65", "--n-embd 65 must be a multiple of --n-head 6"),
+    Case("pretrain", "--resume --overwrite", "contradict each other"),
+    Case("pretrain", "--max-steps 1 --out-dir checkpoints/new --json notes.txt/run.json", "cannot write --json",
+         "an unwritable summary, caught before the run"),
+    Case("pretrain", "--max-steps 1 --out-dir checkpoints/new --data-dir missing",
+         "no complete prepared data in missing"),
+    Case("pretrain", "--max-steps 1 --out-dir checkpoints/new --init-from corrupt.pt", "truncated or corrupt"),
+    Case("pretrain", "--max-steps 1 --out-dir checkpoints/new --init-from other-tokenizer.pt",
+         "was trained with tokenizer 0123456789abcdef", "another tokenizer's weights"),
+    Case("pretrain", "--max-steps 1 --out-dir checkpoints/new --init-from checkpoints/pretrain-rope --block-size 64 "
+         "--rope-scaling linear --rope-factor -2", "--rope-factor -2.0 must be above 0"),
+    Case("pretrain", "--max-steps 9 --out-dir checkpoints/busy --resume", "is in use by process",
+         "a second process in a live run folder"),
+    # evaluate
+    Case("evaluate", "checkpoints/pretrain --tokens 0", "--tokens: 0 is out of range"),
+    Case("evaluate", "checkpoints/pretrain --batch-size 0", "--batch-size: 0 is out of range"),
+    Case("evaluate", "checkpoints/missing", "no checkpoint at checkpoints/missing: train one"),
+    Case("evaluate", "corrupt.pt", "truncated or corrupt"),
+    Case("evaluate", "other-tokenizer.pt", "was trained with tokenizer 0123456789abcdef"),
+    Case("evaluate", "crafted.pt", "which no model can have", "a crafted config"),
+    Case("evaluate", "huge.pt", "GiB", "a config that asks for terabytes"),
+    Case("evaluate", "checkpoints/pretrain --json notes.txt/eval.json", "notes.txt is a file, not a folder"),
+    Case("evaluate", "checkpoints/pretrain --data-dir missing", "no complete prepared data in missing"),
+    Case("evaluate", "checkpoints/pretrain --ctx 0", "--ctx: 0 is out of range"),
+    Case("evaluate", "checkpoints/pretrain --ctx 64", "learned positions", "past a learned table"),
+    Case("evaluate", "checkpoints/pretrain --rope-scaling quadratic", "invalid choice"),
+    Case("evaluate", "checkpoints/pretrain --device tpu9", "unknown device"),
+    # sample
+    Case("sample", "checkpoints/pretrain --temperature -1", "--temperature: -1 is out of range",
+         "would sample the least likely tokens"),
+    Case("sample", "checkpoints/pretrain --temperature nan", "--temperature: nan is out of range"),
+    Case("sample", "checkpoints/pretrain --top-k 0", "--top-k: 0 is out of range"),
+    Case("sample", "checkpoints/pretrain --max-new-tokens -1", "--max-new-tokens: -1 is out of range"),
+    Case("sample", "checkpoints/pretrain --seed -1", "--seed: -1 is out of range"),
+    Case("sample", "checkpoints/missing", "no checkpoint at checkpoints/missing: train one"),
+    Case("sample", "corrupt.pt", "truncated or corrupt"),
+    Case("sample", "other-tokenizer.pt", "was trained with tokenizer 0123456789abcdef"),
+    Case("sample", "checkpoints/pretrain --adapter notes.txt", "notes.txt"),
+    Case("sample", "checkpoints/pretrain --data-dir missing", "no complete prepared data in missing"),
+    Case("sample", "checkpoints/pretrain --dtype float8", "invalid choice"),
+    # context and long_context
+    Case("context", "checkpoints/pretrain --length 1", "--length: 1 is out of range"),
+    Case("context", "checkpoints/pretrain --streams 0", "--streams: 0 is out of range"),
+    Case("context", "checkpoints/pretrain --length 8", "does not reach past any model's window"),
+    Case("context", "checkpoints/pretrain --json notes.txt/c.json", "notes.txt is a file, not a folder"),
+    Case("context", "checkpoints/missing", "no checkpoint at checkpoints/missing: train one"),
+    Case("long_context", "checkpoints/pretrain-rope --sinks -1", "--sinks: -1 is out of range"),
+    Case("long_context", "checkpoints/pretrain-rope --ctx 0", "--ctx: 0 is out of range"),
+    Case("long_context", "checkpoints/pretrain-rope --ctx 32 --rope-factor 0", "--rope-factor: 0 is out of range"),
+    Case("long_context", "checkpoints/pretrain-rope --ctx 32 --sweep-tokens 0", "--sweep-tokens: 0 is out of range"),
+    Case("long_context", "checkpoints/pretrain-rope", "one of the arguments --ctx --sinks --dynamic is required"),
+    Case("long_context", "checkpoints/pretrain-rope --ctx 32 --sinks 4", "not allowed with argument"),
+    Case("long_context", "checkpoints/pretrain-rope --streams 0 --dynamic", "--streams: 0 is out of range"),
+    # export and export_check
+    Case("export", "checkpoints/pretrain exports/mine", "exports/mine is not empty", "the user's own README.md"),
+    Case("export", "checkpoints/pretrain notes.txt --format gguf", "notes.txt is not empty"),
+    Case("export", "checkpoints/pretrain exports/new --ctx 0", "--ctx: 0 is out of range"),
+    Case("export", "checkpoints/pretrain exports/new --rope-scaling linear --rope-factor -2",
+         "--rope-factor: -2 is out of range"),
+    Case("export", "checkpoints/pretrain exports/new --f16", "--f16 is for --format gguf"),
+    Case("export", "checkpoints/pretrain exports/new --ctx 64", "need --rope-scaling"),
+    Case("export", "checkpoints/missing exports/new", "no checkpoint at checkpoints/missing: train one"),
+    Case("export_check", "checkpoints/pretrain --max-new-tokens 0", "--max-new-tokens: 0 is out of range"),
+    Case("export_check", "checkpoints/pretrain --held-out-tokens 0", "--held-out-tokens: 0 is out of range"),
+    Case("export_check", "checkpoints/pretrain --gguf --ctx 1", "--ctx: 1 is out of range"),
+    Case("export_check", "checkpoints/pretrain --json notes.txt/x.json", "notes.txt is a file, not a folder"),
+    Case("export_check", "checkpoints/pretrain --out notes.txt", "notes.txt is a file: give a folder"),
+    Case("export_check", "checkpoints/missing", "no checkpoint at checkpoints/missing: train one"),
+    # finetune
+    Case("finetune", "--rank 0", "--rank must be at least 1"),
+    Case("finetune", "--alpha inf", "--alpha must be positive"),
+    Case("finetune", "--lr nan", "--lr must be a positive number"),
+    Case("finetune", "--grad-clip -1", "--grad-clip: -1 is out of range"),
+    Case("finetune", "--seed -1", "--seed: -1 is out of range"),
+    Case("finetune", "--temperature -1", "--temperature must be >= 0"),
+    Case("finetune", "--json notes.txt/x.json", "notes.txt is a file, not a folder"),
+    Case("finetune", "--init-from checkpoints/missing", "no checkpoint at checkpoints/missing: train one"),
+    Case("finetune", "--measure --merge merged", "separate steps"),
+    # bench
+    Case("bench", "--batch-size 0", "--batch-size: 0 is out of range"),
+    Case("bench", "--batches 1,0", "--batches: 0 is out of range"),
+    Case("bench", "--threads 0", "--threads: 0 is out of range"),
+    Case("bench", "--n-embd 30 --n-head 4", "--n-embd 30 must be --n-head 4 times an even head size"),
+    Case("bench", "--json notes.txt/b.json", "notes.txt is a file, not a folder"),
+    # main
+    Case("main", "--max-steps 0", "--max-steps: 0 is out of range"),
+    Case("main", "--finetune-steps -1", "--finetune-steps: -1 is out of range"),
+    Case("main", "--out notes.txt", "notes.txt is a file: give a folder"),
+    Case("main", "--source missing --out job", "source missing does not exist", "the first step's error, said once"),
+]
+
+
+# ----------------------------------------------------------------------------------------------
+# The world every case runs in
+
+
+def make_world(root: Path) -> Path:
+    """Data, checkpoints and a user's files under the names the scripts use by default."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "stories").mkdir()
+    write_corpus(root / "stories" / "train.txt", 300, seed=1)
+    write_corpus(root / "stories" / "valid.txt", 40, seed=2)
+    prepare(root / "stories", root / "data", vocab_size=300)
+    tok_hash = data_tokenizer_hash(root / "data")
+    for name, rope in (("pretrain", False), ("pretrain-rope", True)):
+        torch.manual_seed(0)
+        model = GPT(tiny_config(vocab_size=300, rope=rope))
+        save_checkpoint(root / "checkpoints" / name, model, step=3, tokenizer_hash=tok_hash)
+        (root / "checkpoints" / name / "log.jsonl").write_text('{"step": 3, "loss": 5.0}\n')
+    save_checkpoint(root / "other-tokenizer.pt", GPT(tiny_config(vocab_size=300)), tokenizer_hash="0123456789abcdef")
+    (root / "corrupt.pt").write_bytes(b"not a checkpoint" * 64)
+    model = GPT(tiny_config(vocab_size=300))
+    for name, config in (("crafted.pt", {"n_layer": -1}), ("huge.pt", {"block_size": 2**40})):
+        torch.save({"model": model.state_dict(), "config": {**asdict(model.config), **config}}, root / name)
+    save_checkpoint(root / "checkpoints" / "busy", model, step=3, tokenizer_hash=tok_hash)
+    (root / "checkpoints" / "busy" / "lock").write_text(str(os.getpid()))  # this process: alive all along
+    (root / "latin1.txt").write_bytes("Zoë saw a café.\n<|endoftext|>\nTom too.\n<|endoftext|>\n".encode("latin-1"))
+    (root / "notes.txt").write_text("a file of the user's, not a folder\n")
+    (root / "exports" / "mine").mkdir(parents=True)
+    (root / "exports" / "mine" / "README.md").write_text("my own notes\n")
+    return root
+
+
+def hashes(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+# ----------------------------------------------------------------------------------------------
+# The driver: one process imports everything, each case is a fork of it
+
+
+def run_case(case: Case, world: Path) -> dict:
+    """Fork; the child runs the script as __main__ with the case's argv; the parent waits."""
+    out, err = world.parent / "case.out", world.parent / "case.err"
+    before = hashes(world)
+    pid = os.fork()
+    if pid == 0:  # the child: as the interpreter runs `python scripts/X.py ARGS`
+        code = 1
+        try:
+            signal.alarm(CASE_SECONDS)
+            for fd, path in ((1, out), (2, err)):
+                os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+            script = str(SCRIPTS / f"{case.script}.py")
+            sys.argv = [script, *case.args.split()]
+            runpy.run_path(script, run_name="__main__")
+            code = 0
+        except SystemExit as e:  # what the interpreter does with it
+            code = 0 if e.code is None else e.code if isinstance(e.code, int) else 1
+            if not isinstance(e.code, int) and e.code is not None:
+                sys.stderr.write(f"{e.code}\n")
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    after = hashes(world)
+    return {
+        "command": case.command,
+        "code": os.waitstatus_to_exitcode(status),
+        "stderr": err.read_text(errors="replace"),
+        "changed": sorted(k for k in before if before[k] != after.get(k)),
+        "new": sorted(after.keys() - before.keys()),
+    }
+
+
+def drive(world: Path, results: Path) -> None:
+    """The driver's main: import what the scripts import, then run every case in the world."""
+    os.chdir(world)
+    for name in sorted({c.script for c in CASES}):
+        runpy.run_path(str(SCRIPTS / f"{name}.py"), run_name="preload")  # imports only: main() is not run
+    results.write_text(json.dumps([run_case(case, world) for case in CASES]))
+
+
+def run_all(folder: Path) -> list[dict]:
+    world = make_world(folder / "world")
+    results = folder / "results.json"
+    code = (f"import sys; sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / 'tests')!r}]\n"
+            f"from pathlib import Path; from test_cli_errors import drive\n"
+            f"drive(Path({str(world)!r}), Path({str(results)!r}))")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=30 * 60)
+    outcomes = json.loads(results.read_text())
+    for outcome in outcomes:  # paths read as typed in the world's folder; what varies by machine or run, named
+        err = outcome["stderr"].replace(str(world) + "/", "").replace(str(world), ".")
+        err = re.sub(r"this machine's [\d,]+ GiB", "this machine's N GiB", err)
+        outcome["stderr"] = re.sub(r"in use by process \d+", "in use by process PID", err)
+    return outcomes
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory) -> list[dict]:
+    return run_all(tmp_path_factory.mktemp("cli"))
+
+
+def test_every_case_is_a_different_command():
+    assert len({c.command for c in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize("i", range(len(CASES)), ids=[c.command.removeprefix("python scripts/") for c in CASES])
+def test_bad_input_is_one_line_a_nonzero_exit_and_nothing_lost(outcomes, i):
+    case, got = CASES[i], outcomes[i]
+    lines = got["stderr"].splitlines()
+    assert "Traceback" not in got["stderr"], got["stderr"]
+    assert got["code"] != 0 and len(lines) == 1, got
+    assert case.expect in lines[0], lines[0]
+    assert got["changed"] == [] and got["new"] == [], got
+
+
+# ----------------------------------------------------------------------------------------------
+# The docs page, made from the table
+
+
+def test_the_docs_page_is_up_to_date(outcomes):
+    written = (ROOT / "docs" / "errors.md").read_text(encoding="utf-8")
+    assert written == page(outcomes), "docs/errors.md has drifted from the table: run `python dev/errors_page.py`"
+
+
+def page(outcomes: list[dict]) -> str:
+    """One terminal session per script: each command, its one line, its exit code."""
+    sessions: dict[str, list[str]] = {}
+    for case, got in zip(CASES, outcomes, strict=True):
+        why = f"   # {case.why}" if case.why else ""
+        sessions.setdefault(case.script, []).append(f"$ {got['command']}{why}\n{got['stderr']}(exit {got['code']})")
+    body = "\n\n".join(f"## {name}.py\n\n```console\n" + "\n".join(runs) + "\n```" for name, runs in sessions.items())
+    return PAGE.format(count=len(CASES), body=body)
+
+
+PAGE = """# What a bad input gets
+
+Every command below was run by `tests/test_cli_errors.py` in a folder holding prepared data
+(`data/`), two tiny run folders (`checkpoints/pretrain`, `checkpoints/pretrain-rope`) and a few
+files of a user's (`notes.txt`, `exports/mine/README.md`, ...). Each stopped before any work with
+the one line shown, on stderr, and the exit code shown, and left every file as it was. The page is
+made from the test's table by `python dev/errors_page.py`; the test fails when it no longer matches.
+
+{count} inputs.
+
+{body}
+"""
+
+
+# ----------------------------------------------------------------------------------------------
+# Stopped midway: Ctrl-C (SIGINT, to the whole process group, as a terminal sends it) and kill -9
+
+
+TINY_RUN = ("--n-layer 1 --n-head 2 --n-embd 32 --block-size 16 --batch-size 4 --eval-every 1000 "
+            "--eval-batches 1 --ckpt-every 1 --minutes 0 --data-dir data --runs-dir runs").split()
+
+
+def python(world: Path, script: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPTS / script), *args], cwd=world, capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1"), timeout=600)
+
+
+def stop_midway(world: Path, argv: list[str], ready, sig: int) -> tuple[int, str]:
+    """Start `python ARGV` in world, wait until ready() (it is then mid-work), send sig to its group."""
+    with open(world.parent / "midway.out", "w") as out:
+        child = subprocess.Popen([sys.executable, *argv], cwd=world, stdout=out, stderr=subprocess.PIPE, text=True,
+                                 env=dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1"),
+                                 start_new_session=True)
+        deadline = time.monotonic() + 300
+        while not ready() and child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert child.poll() is None, f"it ended before it could be stopped: {child.stderr.read()}"
+        os.killpg(child.pid, sig)
+        _, err = child.communicate(timeout=300)
+    assert "Traceback" not in err, err
+    return child.returncode, err
+
+
+@pytest.fixture
+def world(tmp_path) -> Path:
+    return make_world(tmp_path / "world")
+
+
+def data_kept(world: Path, before: dict[str, str]) -> None:
+    assert hashes(world / "data") == before  # no staging folder, no temp file, nothing replaced
+    assert read_meta(world / "data") is not None
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "kill-9"])
+def test_prepare_stopped_midway_keeps_the_data(world, sig):
+    before = hashes(world / "data")
+    (world / "big").mkdir()
+    write_corpus(world / "big" / "train.txt", 30000, seed=7)  # long enough to be caught midway
+    write_corpus(world / "big" / "valid.txt", 10, seed=8)
+    code, err = stop_midway(world, [str(SCRIPTS / "prepare.py"), "--source", "big", "--vocab-size", "400"],
+                            lambda: any((world / "data").glob(".prepare.tmp*")), sig)
+    if sig == signal.SIGINT:
+        assert code == 130 and err.startswith("interrupted (Ctrl-C): nothing was changed") and err.count("\n") == 1
+    else:
+        assert code == -9
+        again = python(world, "prepare.py", "--source", "stories", "--vocab-size", "300")
+        assert again.returncode == 0 and "already prepared" in again.stdout  # and the leftovers are gone
+    data_kept(world, before)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "kill-9"])
+def test_pretrain_stopped_midway_keeps_a_checkpoint_that_resumes(world, sig):
+    before = hashes(world)
+    run = world / "checkpoints" / "fresh"
+    code, err = stop_midway(world, [str(SCRIPTS / "pretrain.py"), *TINY_RUN, "--out-dir", str(run),
+                                    "--max-steps", "1000000"], (run / "ckpt.pt").exists, sig)
+    assert code == (130 if sig == signal.SIGINT else -9) and err.count("\n") <= 1, err
+    step = read_checkpoint(run)["step"]
+    assert step >= 1
+    again = python(world, "pretrain.py", *TINY_RUN, "--out-dir", str(run), "--max-steps", str(step + 1), "--resume")
+    assert again.returncode == 0, again.stderr
+    assert read_checkpoint(run)["step"] == step + 1
+    after = hashes(world)
+    assert {k: v for k, v in after.items() if k in before} == before  # the other runs and the data untouched
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "kill-9"])
+def test_main_stopped_midway_keeps_its_data_and_checkpoint(world, sig):
+    out = world / "job"
+    code, err = stop_midway(world, [str(SCRIPTS / "main.py"), "--source", "stories", "--tiny", "--out", "job",
+                                    "--max-steps", "1000000", "--device", "cpu"],
+                            (out / "checkpoints" / "pretrain" / "ckpt.pt").exists, sig)
+    assert code == (130 if sig == signal.SIGINT else -9) and err.count("\n") <= 1, err
+    assert read_meta(out / "data") is not None and read_checkpoint(out / "checkpoints" / "pretrain")["step"] >= 1
+    if sig == signal.SIGINT:
+        assert not list(out.rglob(".*tmp*")) and not (out / "checkpoints" / "pretrain" / "lock").exists()

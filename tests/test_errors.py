@@ -1,0 +1,157 @@
+import errno
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT
+
+from mvgpt import errors
+from mvgpt.errors import UserError, run_main
+
+
+@pytest.mark.parametrize("check, text, value", [
+    (errors.positive_int, "3", 3),
+    (errors.non_negative_int, "0", 0),
+    (errors.positive_float, "1e-4", 1e-4),
+    (errors.non_negative_float, "0", 0.0),
+    (errors.share, "1", 1.0),
+    (errors.at_least(-1), "-1", -1),
+])
+def test_checks_return_good_values(check, text, value):
+    got = check(text)
+    assert got == value and type(got) is type(value)
+
+
+@pytest.mark.parametrize("check, text, message", [
+    (errors.positive_int, "0", "0 is out of range: give a whole number >= 1"),
+    (errors.positive_int, "1.5", "'1.5' is not a number: give a whole number >= 1"),
+    (errors.non_negative_int, "-1", "-1 is out of range: give a whole number >= 0"),
+    (errors.positive_float, "0", "0 is out of range: give a number above 0"),
+    (errors.positive_float, "nan", "nan is out of range: give a number above 0"),
+    (errors.positive_float, "inf", "inf is out of range: give a number above 0"),
+    (errors.non_negative_float, "-0.5", "-0.5 is out of range: give a number >= 0"),
+    (errors.share, "1.01", "1.01 is out of range: give a number from 0 to 1"),
+    (errors.share, "-3", "-3 is out of range: give a number from 0 to 1"),
+    (errors.share, "half", "'half' is not a number: give a number from 0 to 1"),
+])
+def test_checks_say_what_is_wrong_and_what_would_do(check, text, message):
+    with pytest.raises(errors.argparse.ArgumentTypeError) as e:
+        check(text)
+    assert str(e.value) == message
+
+
+def test_writable_paths_are_checked_without_leaving_anything(tmp_path):
+    (tmp_path / "file").write_text("x")
+    assert errors.writable_file(str(tmp_path / "new" / "deeper" / "out.json")) == str(tmp_path / "new/deeper/out.json")
+    assert errors.writable_folder(str(tmp_path / "made" / "later")) == str(tmp_path / "made/later")
+    assert errors.writable_file(str(tmp_path / "file")) == str(tmp_path / "file")  # overwriting a file is fine
+    for check, text, message in [
+        (errors.writable_file, tmp_path, f"{tmp_path} is a folder: give a file name"),
+        (errors.writable_file, tmp_path / "file" / "out.json",
+         f"cannot write {tmp_path}/file/out.json: {tmp_path}/file is a file, not a folder"),
+        (errors.writable_folder, tmp_path / "file", f"{tmp_path}/file is a file: give a folder"),
+        (errors.writable_folder, tmp_path / "file" / "sub", f"cannot write {tmp_path}/file/sub: "
+                                                            f"{tmp_path}/file is a file, not a folder"),
+    ]:
+        with pytest.raises(errors.argparse.ArgumentTypeError) as e:
+            check(str(text))
+        assert str(e.value) == message
+    if os.geteuid() != 0:  # root may write anywhere
+        (tmp_path / "locked").mkdir(mode=0o500)
+        with pytest.raises(errors.argparse.ArgumentTypeError, match="Permission denied"):
+            errors.writable_file(str(tmp_path / "locked" / "out.json"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"] + (["locked"] if os.geteuid() else [])
+
+
+def test_a_bad_flag_is_one_line(capsys):
+    p = errors.ArgumentParser(prog="x.py")
+    p.add_argument("--n", type=errors.positive_int)
+    p.add_argument("--kind", choices=["a", "b"])
+    for argv, message in [(["--n", "0"], "argument --n: 0 is out of range: give a whole number >= 1"),
+                          (["--kind", "c"], "argument --kind: invalid choice: 'c' (choose from 'a', 'b')"),
+                          (["--what"], "unrecognized arguments: --what")]:
+        with pytest.raises(SystemExit) as e:
+            p.parse_args(argv)
+        assert e.value.code == 2 and capsys.readouterr().err == f"error: {message} (see x.py --help)\n"
+
+
+def raises(exc):
+    def main():
+        raise exc
+    return main
+
+
+@pytest.mark.parametrize("exc, line", [
+    (UserError("--lr must be finite: give a number"), None),  # SystemExit: Python prints it, exit 1
+    (FileNotFoundError(errno.ENOENT, "No such file or directory", "ckpt/x.pt"),
+     "error: No such file or directory: ckpt/x.pt: check the path\n"),
+    (PermissionError(errno.EACCES, "Permission denied", "/out"),
+     "error: Permission denied (/out): pick a path you can write, or fix its permissions\n"),
+    (OSError(errno.ENOSPC, "No space left on device", "data/train.bin"),
+     "error: the disk is full (data/train.bin): free some space (or write elsewhere) and run again\n"),
+    (OSError(errno.EROFS, "Read-only file system", "/ro/x"),
+     "error: Read-only file system (/ro/x): pick a path you can write, or fix its permissions\n"),
+])
+def test_users_and_machines_errors_are_one_line(capsys, exc, line):
+    with pytest.raises(SystemExit) as e:
+        run_main(raises(exc))
+    if line is None:
+        assert e.value is exc and e.value.code == "error: --lr must be finite: give a number"
+    else:
+        assert e.value.code == 1 and capsys.readouterr().err == line
+
+
+@pytest.mark.parametrize("exc", [ZeroDivisionError("a bug"), KeyError("a bug"),
+                                 OSError(errno.EIO, "Input/output error")])
+def test_bugs_keep_their_traceback(exc):
+    with pytest.raises(type(exc)):
+        run_main(raises(exc))
+
+
+def script(body: str) -> list[str]:
+    return [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(ROOT)!r})\n{body}"]
+
+
+SLEEPER = "import time\nfrom mvgpt.errors import run_main\nprint('ready', flush=True)\nrun_main(lambda: time.sleep(60))"
+PIPE = "from mvgpt.errors import run_main\nrun_main(lambda: [print('line', i, flush=True) for i in range(10**6)])"
+
+
+def test_ctrl_c_is_one_line_and_exit_130():
+    child = subprocess.Popen(script(SLEEPER), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert child.stdout.readline() == "ready\n"
+    child.send_signal(signal.SIGINT)
+    _, err = child.communicate(timeout=60)
+    assert child.returncode == 130 and err == "interrupted (Ctrl-C): run the command again to start over\n"
+
+
+def test_a_reader_that_leaves_is_no_traceback():
+    child = subprocess.Popen(script(PIPE), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert child.stdout.readline() == b"line 0\n"
+    child.stdout.close()  # as `| head -1` does
+    assert child.wait(timeout=60) == 1 and child.stderr.read() == b""
+
+
+MAIN_STEP = f"""
+import sys; sys.path.insert(0, {str(ROOT / 'scripts')!r})
+import main
+from mvgpt.errors import run_main
+run_main(lambda: main.run(["-c", {SLEEPER!r}], None), interrupted="run main.py again")
+"""
+
+
+@pytest.mark.parametrize("group", [False, True], ids=["main-only", "terminal"])
+def test_ctrl_c_in_main_stops_its_step_and_says_so_once(group):
+    """main.py's step gets Ctrl-C whether the terminal sends it to both or only main gets it."""
+    child = subprocess.Popen(script(MAIN_STEP), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             start_new_session=True)
+    for line in child.stdout:  # main's "$ python ..." line, then the step's
+        if line == "ready\n":
+            break
+    if group:
+        os.killpg(child.pid, signal.SIGINT)
+    else:
+        child.send_signal(signal.SIGINT)
+    _, err = child.communicate(timeout=60)
+    assert child.returncode == 130 and err == "interrupted (Ctrl-C): run the command again to start over\n"
