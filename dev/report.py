@@ -267,7 +267,9 @@ def bench(r: dict) -> dict:
     untuned = [{**b["training_malloc_untuned"], "kind": b["training_malloc_untuned"]["kind"] + ", malloc untuned"}
                ] if b.get("training_malloc_untuned") else []
     for t in b["training"] + untuned:
-        label = ", ".join([t["kind"], *([t["dtype"]] if t.get("dtype") else []), "×".join(map(str, t["batch"]))])
+        batch = t.get("batch") or b["training"][0]["batch"]  # the untuned-malloc row runs the same batch
+        label = ", ".join([t["kind"], *([t["dtype"]] if t.get("dtype") else []),
+                           *(["compiled"] if t.get("compiled") else []), "×".join(map(str, batch))])
         rows.append([f"training ({label})", f"{t['tokens_per_s']:,.0f} tokens/s = {t['flops'] / 1e9:,.1f} GFLOP/s",
                      f"{peak_name} peak", f"{t['share_of_peak']:.2f} of peak",
                      goal("training_share_of_peak", "≥ {:g}")])
