@@ -7,7 +7,7 @@ skipped (a measurement, when its JSON is newer than the checkpoints it reads), a
 training run resumes, so the job can be run again after a stop.
 
 Examples:
-    python scripts/main.py --source ../shared/data/tinystories    # here: about an hour on 2 cores
+    python scripts/main.py --source ../shared/data/tinystories    # here: about 50 minutes on 2 cores
     python scripts/main.py                                          # downloads TinyStories first
     python scripts/main.py --source stories.txt --tiny      # a tiny CPU run into tiny/, a minute
 """
@@ -113,7 +113,8 @@ def main(argv: list[str] | None = None) -> None:
     # the episode's comparison: held-out loss, then past the window
     both = [str(ckpts / "pretrain"), str(ckpts / "pretrain-rope")]
     rope = str(ckpts / "pretrain-rope")
-    measure([str(SCRIPTS / "evaluate.py"), *both, *device, *data_flag], results / "evaluate.json", both, env)
+    measure([str(SCRIPTS / "evaluate.py"), *both, *device, *data_flag, "--dtype", "auto"],  # bf16 beside float32
+            results / "evaluate.json", both, env)
     measure([str(SCRIPTS / "context.py"), *both, *device, *data_flag, "--length", str(3 * window)],
             results / "context.json", both, env)
 
