@@ -226,19 +226,8 @@ def merge_to(out: str, base: GPT, base_state: dict, args: argparse.Namespace, to
     return {"merged": str(path)}
 
 
-def train(model: GPT, args: argparse.Namespace, device, tok_hash: str | None, out_dir: Path) -> dict:
-    """Fine-tune an adapter on the base `model` (wrapped in place): batches of examples, loss on
-    the story tokens, the base frozen."""
-    base_hash = weights_hash(model)
-    T = model.config.block_size
-    train_data = load_instruct(args.data_dir, "train", T)
-    val = load_instruct(args.data_dir, "val", T)
-    if not len(train_data[2]) or not len(val[2]):
-        raise SystemExit(f"error: no prompt in {args.data_dir} leaves room for its story in a window of {T} tokens: "
-                         "fine-tune a model with a longer context")
-    rows = example_rows(*val[:2], val[2][: args.eval_examples], T)
-    log_path = out_dir / "log.jsonl"
-
+def start_or_resume(model: GPT, args: argparse.Namespace, out_dir: Path, tok_hash: str | None, log_path: Path):
+    """Wrap `model` with new adapters, or load the run folder's (--resume) with their optimizer and step."""
     step, elapsed, losses = 0, 0.0, []
     if args.resume:
         saved = read_adapter(out_dir)
@@ -261,6 +250,23 @@ def train(model: GPT, args: argparse.Namespace, device, tok_hash: str | None, ou
         print(f"resuming {out_dir} at step {step} ({elapsed / 60:.1f} minutes done)")
     elif log_path.exists():
         log_path.unlink()
+    return params, optimizer, step, elapsed, losses
+
+
+def train(model: GPT, args: argparse.Namespace, device, tok_hash: str | None, out_dir: Path) -> dict:
+    """Fine-tune an adapter on the base `model` (wrapped in place): batches of examples, loss on
+    the story tokens, the base frozen."""
+    base_hash = weights_hash(model)
+    T = model.config.block_size
+    train_data = load_instruct(args.data_dir, "train", T)
+    val = load_instruct(args.data_dir, "val", T)
+    if not len(train_data[2]) or not len(val[2]):
+        raise SystemExit(f"error: no prompt in {args.data_dir} leaves room for its story in a window of {T} tokens: "
+                         "fine-tune a model with a longer context")
+    rows = example_rows(*val[:2], val[2][: args.eval_examples], T)
+    log_path = out_dir / "log.jsonl"
+
+    params, optimizer, step, elapsed, losses = start_or_resume(model, args, out_dir, tok_hash, log_path)
     trainable, total = trainable_share(model)
     print(f"{run_name(model)}: LoRA rank {args.rank}, alpha {args.alpha:g} on {len(params) // 2} linear layers: "
           f"{trainable:,} trainable weights of {total:,} ({trainable / total:.2%}), base {args.init_from} frozen")
