@@ -284,7 +284,10 @@ def test_script_writes_a_gguf_and_overwrites_it(tokenizer, data_dir, tmp_path, c
     assert "llama.cpp gptneox" in capsys.readouterr().out
     f = fields(GGUFReader(out))
     assert f["gptneox.rope.scaling.factor"] == 3.0 and f["mvgpt.step"] == "40"
-    export_script.main([*base, "--f16"])  # a second export replaces the file whole
+    with pytest.raises(SystemExit):  # an existing file is kept unless the user asks to replace it
+        export_script.main([*base, "--f16"])
+    assert fields(GGUFReader(out))["gptneox.rope.scaling.factor"] == 3.0
+    export_script.main([*base, "--f16", "--overwrite"])  # then the second export replaces the file whole
     f = fields(GGUFReader(out))
     assert "gptneox.rope.scaling.factor" not in f and f["general.file_type"] == int(gguf.LlamaFileType.MOSTLY_F16)
     assert sorted(p.name for p in out.parent.iterdir()) == ["model.gguf"]  # no temporary file left
