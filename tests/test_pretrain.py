@@ -2,6 +2,7 @@ import json
 import math
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -120,7 +121,11 @@ def test_tensorboard_events_are_written(root):
 
 
 def test_two_processes_with_torchrun(root):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+    with socket.socket() as s:  # a free port of our own for the rendezvous, whatever ran before this test
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--rdzv-backend", "c10d",
+           "--rdzv-endpoint", f"127.0.0.1:{port}", "--nproc_per_node", "2",
            str(ROOT / "scripts" / "pretrain.py"), *run_args(root, "ddp", "--max-steps", "12", "--lr", "3e-3")]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
                             env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT)))
