@@ -480,13 +480,14 @@ def train(run: dict, args: argparse.Namespace) -> dict:
         log.write(record)
         # checkpoint now and then; stop when the time is up (rank 0's clock) or on a signal
         time_up = stop.agree(elapsed >= budget, device)
-        saved = step % args.ckpt_every == 0 or stop.signal is not None
+        stopping = stop.signal is not None  # read once: a signal arriving later waits for the next step
+        saved = step % args.ckpt_every == 0 or stopping
         if saved:
             checkpoint()
         if due or saved:
             log.say(f"step {step}: loss {loss_value:.4f}" + (f", held-out {val_loss:.4f}" if due else "")
                     + f", {speeds[-1]:,.0f} tokens/s, {elapsed / 60:.1f} min" + (", checkpoint saved" if saved else ""))
-        if stop.signal is not None:
+        if stopping:
             log.say(f"interrupted at step {step}: saved {out_dir}; continue with --resume")
             raise SystemExit(130 if stop.signal == signal.SIGINT else 143)
         if time_up:

@@ -114,7 +114,9 @@ def script(body: str) -> list[str]:
     return [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(ROOT)!r})\n{body}"]
 
 
-SLEEPER = "import time\nfrom mvgpt.errors import run_main\nprint('ready', flush=True)\nrun_main(lambda: time.sleep(60))"
+# 'ready' is printed inside run_main: a Ctrl-C before its try: would be a plain KeyboardInterrupt
+SLEEPER = ("import time\nfrom mvgpt.errors import run_main\n"
+           "run_main(lambda: (print('ready', flush=True), time.sleep(60)))")
 PIPE = "from mvgpt.errors import run_main\nrun_main(lambda: [print('line', i, flush=True) for i in range(10**6)])"
 
 
