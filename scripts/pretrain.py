@@ -51,7 +51,7 @@ from mvgpt.io import write_json
 from mvgpt.model import GPT, GPTConfig
 from mvgpt.perf import tune_malloc
 from mvgpt.precision import CHOICES as DTYPE_CHOICES
-from mvgpt.precision import autocast, dtype_name, resolve_dtype
+from mvgpt.precision import autocast, dtype_name, float32_logits, resolve_dtype
 from mvgpt.rope_scaling import SCALING_METHODS
 from mvgpt.train import configure_optimizer, lr_at
 
@@ -530,6 +530,8 @@ def main(argv: list[str] | None = None) -> dict:
     tok_hash = data_tokenizer_hash(data_dir)
     args.vocab_size = json.loads((data_dir / "meta.json").read_text())["vocab_size"]
     model = build_model(args, tok_hash)
+    if dtype == torch.bfloat16:
+        float32_logits(model.lm_head)  # the logits the softmax reads stay float32 (mvgpt/precision.py)
     name = run_name(args)
     out_dir = Path(args.out_dir or Path("checkpoints") / name)
     optimizer = configure_optimizer(model, args.lr, args.weight_decay, device)
