@@ -55,7 +55,12 @@ def save_checkpoint(path: str | os.PathLike, model: GPT, **extra) -> Path:
         path = path / CHECKPOINT_NAME
     model = getattr(model, "module", model)  # unwrap DistributedDataParallel
     model = getattr(model, "_orig_mod", model)  # unwrap torch.compile
-    state = {"model": model.state_dict(), "config": asdict(model.config), **extra}
+    return write_state(path, {"model": model.state_dict(), "config": asdict(model.config), **extra}, "checkpoint")
+
+
+def write_state(path: Path, state: dict, what: str = "checkpoint") -> Path:
+    """torch.save(state) to path atomically; a full disk or a folder we may not write is one line,
+    and the previous file, if any, is kept. Adapters (mvgpt/lora.py) are written the same way."""
     try:  # through our own file object, so a full disk is an OSError (ENOSPC), not torch's RuntimeError
         with atomic_path(path) as tmp, open(tmp, "wb") as f:
             torch.save(state, f)
@@ -63,7 +68,7 @@ def save_checkpoint(path: str | os.PathLike, model: GPT, **extra) -> Path:
         if e.errno in DISK_FULL:
             raise CheckpointError(f"the disk is full: {path} not saved (the previous one, if any, is kept): "
                                   "free some space and run again") from None
-        raise CheckpointError(f"cannot write {path} ({e.strerror}; the previous checkpoint, if any, is kept): "
+        raise CheckpointError(f"cannot write {path} ({e.strerror}; the previous {what}, if any, is kept): "
                               "pick a folder you can write, or fix its permissions") from None
     return path
 
@@ -75,19 +80,22 @@ def read_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
         raise CheckpointError(
             f"no checkpoint at {file}: train one with `python scripts/pretrain.py`, or check the path"
         )
+    state = load_state(file, map_location, "checkpoint", "use an earlier checkpoint or train again")
+    if not isinstance(state, dict) or "model" not in state or "config" not in state:
+        raise CheckpointError(f"{file} is not an mvGPT checkpoint (no model or config in it)")
+    return state
+
+
+def load_state(file: Path, map_location: str | torch.device, what: str, fix: str) -> object:
+    """torch.load with weights_only=True (tensors and plain values: no pickled code runs); a damaged
+    file is one line naming `what` it is and the `fix`."""
     try:
-        state = torch.load(file, map_location=map_location, weights_only=True)
+        return torch.load(file, map_location=map_location, weights_only=True)
     except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         if first.startswith("Weights only load failed"):  # torch's advice to unpickle anyway: not for us
             first = "not tensors and plain values only"
-        raise CheckpointError(
-            f"checkpoint {file} is truncated or corrupt ({first[:120]}): "
-            "use an earlier checkpoint or train again"
-        ) from None
-    if not isinstance(state, dict) or "model" not in state or "config" not in state:
-        raise CheckpointError(f"{file} is not an mvGPT checkpoint (no model or config in it)")
-    return state
+        raise CheckpointError(f"{what} {file} is truncated or corrupt ({first[:120]}): {fix}") from None
 
 
 def config_from_dict(saved: dict) -> GPTConfig:

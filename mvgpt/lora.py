@@ -29,8 +29,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from mvgpt.checkpoint import CheckpointError
-from mvgpt.io import atomic_path
+from mvgpt.checkpoint import CheckpointError, load_state, write_state
 from mvgpt.model import GPT
 
 ADAPTER_NAME = "adapter.pt"
@@ -170,10 +169,7 @@ def save_adapter(path: str | os.PathLike, model: GPT, base_hash: str, tokenizer_
         "tokenizer_hash": tokenizer_hash,
         **extra,
     }
-    path = adapter_path(path)
-    with atomic_path(path) as tmp:
-        torch.save(state, tmp)
-    return path
+    return write_state(adapter_path(path), state, "adapter")
 
 
 def read_adapter(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict:
@@ -183,11 +179,7 @@ def read_adapter(path: str | os.PathLike, map_location: str | torch.device = "cp
         raise CheckpointError(
             f"no adapter at {file}: fine-tune one with `python scripts/finetune.py`, or check the path"
         )
-    try:
-        state = torch.load(file, map_location=map_location, weights_only=True)
-    except Exception as e:  # torch raises many kinds for a damaged zip or pickle
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise CheckpointError(f"adapter {file} is truncated or corrupt ({first[:120]}): fine-tune again") from None
+    state = load_state(file, map_location, "adapter", "fine-tune again")
     if not isinstance(state, dict) or not {"lora", "rank", "alpha", "base_config"} <= state.keys():
         raise CheckpointError(f"{file} is not an mvGPT LoRA adapter (no lora weights, rank or base config in it)")
     return state
