@@ -90,7 +90,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--min-lr-ratio", type=float, default=0.1, help="final lr as a share of --lr")
-    p.add_argument("--warmup", type=int, default=20, help="warm-up steps")
+    p.add_argument("--warmup", type=int, default=100, help="warm-up steps (20 was unstable: docs/pretraining.md)")
     p.add_argument("--weight-decay", type=float, default=0.1)
     p.add_argument("--grad-clip", type=float, default=1.0, help="gradient norm clip (0: none)")
     p.add_argument("--max-steps", type=int, help="train this many steps; the schedule follows the steps")
