@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import argparse
 import math
+import shlex
 import statistics
+import sys
 import time
 
 import torch
@@ -80,7 +82,8 @@ def main(argv: list[str] | None = None) -> dict:
     rows = [{"kernel": name, "ms": 1000 * statistics.median(t), "relative": statistics.median(t) / baseline}
             for name, t in times.items()]
     result = {"machine": machine(torch.device("cpu")), "shape": list(shape), "rounds": args.rounds,
-              "command": "python dev/attention_kernels.py" + "".join(f" {a}" for a in (argv or [])), "rows": rows}
+              "command": shlex.join(["python", "dev/attention_kernels.py", *(sys.argv[1:] if argv is None else argv)]),
+              "rows": rows}
     print(f"attention forward + backward, one layer, {tuple(shape)}, causal; {result['machine']}")
     for r in rows:
         print(f"  {r['kernel']:48s} {r['ms']:8.1f} ms  {r['relative']:5.2f}x the flash bf16 time")

@@ -6,6 +6,7 @@ issue asks to stay within 0.03 (evaluate.py's bf16 reading within 0.01 is a sepa
 
 Examples:
     nice -n 10 python dev/precision_parity.py --json results/precision.json          # 200 steps, the real model
+    python dev/precision_parity.py --eager --json results/precision-eager.json       # bf16 not compiled
     python dev/precision_parity.py --max-steps 6 --eval-every 3 --out-dir /tmp/parity \\
         --data-dir /tmp/tinydata -- --n-layer 1 --n-embd 32 --n-head 2 --block-size 16   # tiny, seconds
 """
@@ -33,18 +34,21 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--out-dir", default="checkpoints/precision", help="the two run folders go here")
     p.add_argument("--data-dir", default="data")
     p.add_argument("--kind", choices=("rope", "learned"), default="rope")
+    p.add_argument("--eager", action="store_true",
+                   help="bf16 without --compile (auto takes bf16 on a CPU only compiled: this measures why)")
     p.add_argument("--json", help="write the comparison here (e.g. results/precision.json)")
     p.add_argument("extra", nargs="*", help="more pretrain.py flags, after --")
     args = p.parse_args(argv)
 
     runs = {}
-    for dtype, compiled in (("float32", []), ("auto", ["--compile"])):  # auto as the main job trains
+    second = ("bfloat16", []) if args.eager else ("auto", ["--compile"])  # auto as the main job trains
+    for dtype, compiled in (("float32", []), second):
         flags = ["--dtype", dtype, *compiled, "--max-steps", str(args.max_steps), "--eval-every", str(args.eval_every),
                  "--ckpt-every", str(args.max_steps), "--data-dir", args.data_dir,
                  "--out-dir", str(Path(args.out_dir) / dtype), "--runs-dir", str(Path(args.out_dir) / "runs"),
                  *(["--rope"] if args.kind == "rope" else []), *args.extra]
         runs[dtype] = pretrain.main(flags)
-    a, b = runs["float32"], runs["auto"]
+    a, b = runs["float32"], runs[second[0]]
     rows = [{"step": x["step"], "float32": x["val_loss"], b["dtype"]: y["val_loss"],
              "difference": y["val_loss"] - x["val_loss"]}
             for x, y in zip(a["evals"], b["evals"], strict=True)]

@@ -132,6 +132,38 @@ def precision(r: dict) -> dict:
             f"tolerance of {d['tolerance']}.\n\n" + table(["step", "float32", other, "difference"], rows)}
 
 
+def rise(losses: list[float], steps: int) -> float:
+    """The largest climb of the training loss above its lowest value so far, over the first `steps` steps."""
+    low, worst = math.inf, 0.0
+    for loss in losses[:steps]:
+        low = min(low, loss)
+        worst = max(worst, loss - low)
+    return worst
+
+
+def warmup(r: dict) -> dict:
+    d = r["warmup.json"]
+    at = [25, 50, 100, 200, 300]
+    rows = []
+    for run in d["runs"]:
+        loss = {e["step"]: e["val_loss"] for e in run["evals"]}
+        rows.append([run["warmup"], f"{run['lr']:g}"] + [f"{loss[s]:.3f}" if s in loss else "" for s in at]
+                    + [f"{rise(run['train_loss'], 50):.2f}"])
+    commands = "".join(f"- `{run['command']}` (stopped at step {run['stopped_at']})\n" for run in d["runs"])
+    return {"warmup": head(("warmup.json", d)) + f"{d['note']}.\n\n" + table(
+        ["warm-up steps", "lr", *[f"held-out at {s}" for s in at], "largest rise, steps 1-50"], rows, "rr")
+        + "\n" + commands}
+
+
+def attention(r: dict) -> dict:
+    d = r["attention.json"]
+    rows = [[x["kernel"], f"{x['ms']:.1f}", f"{x['relative']:.2f}"] for x in d["rows"]]
+    shape = " x ".join(str(n) for n in d["shape"])
+    return {"attention": head(("attention.json", d)) + f"One layer's attention, forward and backward, batch x heads "
+            f"x tokens x head size = {shape}, causal; the median of {d['rounds']} rounds taken side by side.\n\n"
+            + table(["kernel", "ms", "time / flash bf16"], rows)}
+
+
 def context(r: dict) -> dict:
     d = r["context.json"]
     rows, window, smooth = d["rows"], d["window"], 32
@@ -518,6 +550,8 @@ OUTPUTS: list[tuple[tuple[str, ...], tuple[str, ...], Callable[[dict], dict], tu
     (tuple(RUNS), (), training, ("training", "training-loss.png")),
     (("evaluate.json",), (), evaluate, ("evaluate",)),
     (("precision.json",), (), precision, ("precision",)),
+    (("warmup.json",), (), warmup, ("warmup",)),
+    (("attention.json",), (), attention, ("attention",)),
     (("context.json",), (), context, ("context", "context-loss.png")),
     (("data.json",), (), data, ("data",)),
     (("sweep.json",), (), sweep, ("sweep", "memory", "sweep.png")),

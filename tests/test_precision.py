@@ -1,3 +1,7 @@
+import json
+import sys
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
 from conftest import tiny_model
@@ -64,3 +68,20 @@ def test_float32_logits_keeps_the_weights_and_the_checkpoint():
     _, loss = model(x, y)  # outside autocast it is the plain float32 layer
     _, reference = tiny_model(rope=True)(x, y)
     assert torch.equal(loss, reference)
+
+
+def test_parity_script_compares_float32_and_bf16_at_every_evaluation(data_dir, tmp_path):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev"))
+    import precision_parity
+
+    out = tmp_path / "parity.json"
+    result = precision_parity.main(["--eager", "--max-steps", "4", "--eval-every", "2", "--out-dir", str(tmp_path),
+                                    "--data-dir", str(data_dir), "--json", str(out), "--",
+                                    "--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "16",
+                                    "--batch-size", "2", "--eval-batches", "1"])
+    assert result == json.loads(out.read_text())
+    assert result["dtypes"] == ["float32", "bfloat16"] and [r["step"] for r in result["rows"]] == [2, 4]
+    for r in result["rows"]:
+        assert r["difference"] == r["bfloat16"] - r["float32"] and r["float32"] != r["bfloat16"]
+    assert result["max_abs_difference"] == max(abs(r["difference"]) for r in result["rows"])
+    assert result["within_tolerance"] == (result["max_abs_difference"] <= result["tolerance"])

@@ -366,3 +366,24 @@ def test_llama_cpp_tables_from_export_check_json(tmp_path):
         ["`pretrain-rope`", "256", "none", f"{math.exp(2.125):.3f}", f"{math.exp(2.125 - 2e-5 + 1e-6):.3f}"],
         ["`pretrain-rope`", "256", "yarn", f"{math.exp(2.125):.3f}", f"{math.exp(2.125 + 1e-6):.3f}"],
         ["`pretrain-rope`", "512", "linear", f"{math.exp(2.5):.3f}", f"{math.exp(2.5 + 3e-5 + 1e-6):.3f}"]]
+
+
+def test_warmup_table_gives_held_out_losses_and_the_early_climb():
+    runs = [{"command": f"python scripts/pretrain.py --warmup {w}", "warmup": w, "lr": 0.002, "stopped_at": 50,
+             "evals": [{"step": 25, "val_loss": 5.5 + w / 100}, {"step": 50, "val_loss": 4.5}],
+             "train_loss": [9.0, 7.0, 6.0, 6.5 if w == 20 else 5.9, 7.25 if w == 20 else 5.8, 5.0]}
+            for w in (20, 100)]
+    d = {"note": "made up", "machine": MACHINE, "runs": runs}
+    table = report.warmup({"warmup.json": d})["warmup"]
+    assert rows_of(table)[1:3] == [["20", "0.002", "5.700", "4.500", "", "", "", "1.25"],
+                                   ["100", "0.002", "6.500", "4.500", "", "", "", "0.00"]]
+    assert "- `python scripts/pretrain.py --warmup 100` (stopped at step 50)" in table and MACHINE in table
+
+
+def test_attention_table_lists_each_kernel_against_flash():
+    d = {"command": "python dev/attention_kernels.py", "machine": MACHINE, "shape": [16, 6, 256, 64], "rounds": 7,
+         "rows": [{"kernel": "sdpa (flash), bf16", "ms": 30.0, "relative": 1.0},
+                  {"kernel": "sdpa (math), bf16", "ms": 60.25, "relative": 2.0083}]}
+    table = report.attention({"attention.json": d})["attention"]
+    assert rows_of(table)[1:] == [["sdpa (flash), bf16", "30.0", "1.00"], ["sdpa (math), bf16", "60.2", "2.01"]]
+    assert "16 x 6 x 256 x 64" in table and "`python dev/attention_kernels.py`" in table
