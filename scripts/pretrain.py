@@ -7,8 +7,8 @@ embedding is the one difference between two runs. Each kind gets its own run fol
 A run is bounded by time (--minutes, 10 by default: the learning rate follows the clock and
 reaches its floor when the time is up, on any device) or by steps (--max-steps: the schedule
 follows the steps, and two runs from the same seed are identical). Matrix products run in
-bfloat16 where the hardware does them natively (--dtype auto; on a CPU with --compile, as eager bf16
-autocast trails float32 there), with the weights kept in float32.
+bfloat16 where the hardware does them natively (--dtype auto), with the weights, the output layer's
+logits and the loss kept in float32.
 
 Examples:
     python scripts/pretrain.py                       # learned positions, 10 minutes
@@ -105,8 +105,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     # where and how it runs
     p.add_argument("--device", help="cpu, cuda, mps (default: the best present)")
     p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
-                   help="matrix products in bfloat16 (weights stay float32) or float32; auto: bf16 where native "
-                   "(on a CPU only with --compile: eager bf16 trails float32 there)")
+                   help="matrix products in bfloat16 (weights stay float32) or float32; auto: bf16 where native")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--resume", action="store_true", help="continue the run folder's last checkpoint")
     p.add_argument("--overwrite", action="store_true", help="start again in a run folder that has a checkpoint")
@@ -518,10 +517,6 @@ def main(argv: list[str] | None = None) -> dict:
     device, rank, world = setup_device(args)
     master = rank == 0
     dtype = resolve_dtype(args.dtype, device)
-    if args.dtype == "auto" and device.type == "cpu" and not args.compile:
-        # measured: eager bf16 autocast on the CPU trails float32 by ~0.3 nats after 200 steps, compiled it
-        # does not (results/precision.json, docs/performance.md), so auto takes bf16 there only with --compile
-        dtype = torch.float32
     args.dtype = dtype_name(dtype)  # the dtype used, in the log and the checkpoint's args
 
     # the data and the model

@@ -2,11 +2,12 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 import torch.nn.functional as F
 from conftest import tiny_model
 
-from mvgpt.precision import autocast, float32_logits
+from mvgpt.precision import autocast, bf16_pays, dtype_name, float32_logits, resolve_dtype
 
 
 def tokens(model, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -85,3 +86,20 @@ def test_parity_script_compares_float32_and_bf16_at_every_evaluation(data_dir, t
         assert r["difference"] == r["bfloat16"] - r["float32"] and r["float32"] != r["bfloat16"]
     assert result["max_abs_difference"] == max(abs(r["difference"]) for r in result["rows"])
     assert result["within_tolerance"] == (result["max_abs_difference"] <= result["tolerance"])
+
+
+def test_resolve_dtype_takes_a_named_dtype_as_asked_and_auto_from_the_hardware():
+    assert resolve_dtype("float32", "cpu") == torch.float32 and resolve_dtype("bfloat16", "cpu") == torch.bfloat16
+    assert resolve_dtype("auto", "cpu") == (torch.bfloat16 if bf16_pays(torch.device("cpu")) else torch.float32)
+    with pytest.raises(ValueError, match="unknown dtype 'float16'"):
+        resolve_dtype("float16", "cpu")
+
+
+def test_pretrain_trains_in_the_dtype_auto_resolves_to_even_uncompiled(data_dir, tmp_path):
+    import pretrain
+
+    tiny = ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "16", "--batch-size", "2",
+            "--eval-batches", "1", "--max-steps", "2", "--data-dir", str(data_dir),
+            "--runs-dir", str(tmp_path / "runs")]
+    summary = pretrain.main([*tiny, "--out-dir", str(tmp_path / "auto"), "--dtype", "auto"])
+    assert summary["dtype"] == dtype_name(resolve_dtype("auto", "cpu"))
