@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--data-dir", default="data")
     p.add_argument("--kind", choices=("rope", "learned"), default="rope")
     p.add_argument("--eager", action="store_true",
-                   help="bf16 without --compile (auto takes bf16 on a CPU only compiled: this measures why)")
+                   help="bf16 without --compile (does the eager step track float32 too?)")
     p.add_argument("--json", help="write the comparison here (e.g. results/precision.json)")
     p.add_argument("extra", nargs="*", help="more pretrain.py flags, after --")
     args = p.parse_args(argv)

@@ -5,9 +5,9 @@ Training in bfloat16 *mixed* precision keeps every weight, gradient and optimize
 only inside `torch.autocast` are the matrix products (linear layers, attention) run in bfloat16,
 which has float32's range (8 exponent bits) but 8 bits of mantissa instead of 24. Norms, softmax
 and the loss stay float32 (autocast's own lists). One product is kept in float32 by hand: the
-output layer's forward, whose logits the softmax reads directly. Rounded to bf16 they slowed the
-first steps measurably (held-out loss 0.24 behind float32 after 25 steps, 0.03 with the logits in
-float32: docs/performance.md); its two backward products stay bf16, so the cost is one product.
+output layer's forward, whose logits the softmax reads directly: rounded to bf16 they slowed the
+first steps (docs/performance.md has the runs). Its two backward products stay bf16, so the cost is
+one product.
 
 bf16 pays only where the hardware multiplies bf16 natively: CUDA GPUs since Ampere, CPUs with
 AVX512-BF16 or AMX (Intel Sapphire Rapids and later, AMD Zen 4 and later). Elsewhere the CPU

@@ -95,7 +95,7 @@ def test_resolve_dtype_takes_a_named_dtype_as_asked_and_auto_from_the_hardware()
         resolve_dtype("float16", "cpu")
 
 
-def test_pretrain_trains_in_the_dtype_auto_resolves_to_even_uncompiled(data_dir, tmp_path):
+def test_pretrain_uncompiled_trains_in_the_dtype_auto_resolves_to(data_dir, tmp_path):
     import pretrain
 
     tiny = ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "16", "--batch-size", "2",
