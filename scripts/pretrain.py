@@ -88,8 +88,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rope-factor", type=float, help="linear factor (default: new block size / old)")
     # the optimization
     p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--lr", type=float, default=1.5e-3,
-                   help="peak learning rate (at 2e-3 bf16 and float32 parted at the peak: docs/pretraining.md)")
+    p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--min-lr-ratio", type=float, default=0.1, help="final lr as a share of --lr")
     p.add_argument("--warmup", type=int, default=100, help="warm-up steps (20 was unstable: docs/pretraining.md)")
     p.add_argument("--weight-decay", type=float, default=0.1)

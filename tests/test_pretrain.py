@@ -169,7 +169,7 @@ def test_lr_schedule_by_steps_and_by_the_clock():
 
 def test_a_run_bounded_by_time_follows_the_clock(root, monkeypatch):
     monkeypatch.setattr(pretrain, "clock", FakeClock(0.5))
-    out = train(root, "clock", "--minutes", "0.1", "--warmup", "2", "--eval-every", "5", "--lr", "2e-3")  # 0.5 s a step
+    out = train(root, "clock", "--minutes", "0.1", "--warmup", "2", "--eval-every", "5")  # 6 s, 0.5 s a step
     log = [r for r in records(root / "clock") if "loss" in r]
     before = [0.0] + [r["elapsed"] for r in log[:-1]]  # the clock when each step began
     for r, t in zip(log, before, strict=True):
@@ -199,9 +199,9 @@ def test_resume_continues_the_clock(root, monkeypatch):
 
 def test_max_steps_keeps_the_schedule_exact_whatever_the_clock(root, monkeypatch):
     monkeypatch.setattr(pretrain, "clock", FakeClock(0.01))
-    train(root, "fast", "--max-steps", "6", "--lr", "2e-3")
+    train(root, "fast", "--max-steps", "6")
     monkeypatch.setattr(pretrain, "clock", FakeClock(100.0))  # a slow machine: --minutes is not in play
-    out = train(root, "slow", "--max-steps", "6", "--minutes", "0", "--lr", "2e-3")
+    out = train(root, "slow", "--max-steps", "6", "--minutes", "0")
     assert out["steps"] == 6
     assert [r.get("lr") for r in records(root / "slow")] == [r.get("lr") for r in records(root / "fast")]
     assert losses(root / "slow") == losses(root / "fast")
