@@ -7,6 +7,8 @@ issue asks to stay within 0.03 (evaluate.py's bf16 reading within 0.01 is a sepa
 Examples:
     nice -n 10 python dev/precision_parity.py --json results/precision.json          # 200 steps, the real model
     python dev/precision_parity.py --eager --json results/precision-eager.json       # bf16 not compiled
+    python dev/precision_parity.py --out-dir checkpoints/precision-again --json results/precision-again.json
+                                                     # once more: how far compiled bf16 strays from itself
     python dev/precision_parity.py --max-steps 6 --eval-every 3 --out-dir /tmp/parity \\
         --data-dir /tmp/tinydata -- --n-layer 1 --n-embd 32 --n-head 2 --block-size 16   # tiny, seconds
 """

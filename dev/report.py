@@ -126,10 +126,23 @@ def precision(r: dict) -> dict:
     d = r["precision.json"]
     other = d["dtypes"][1]
     rows = [[x["step"], f"{x['float32']:.4f}", f"{x[other]:.4f}", f"{x['difference']:+.4f}"] for x in d["rows"]]
+    header = ["step", "float32", other, "difference"]
+    again = r.get("precision-again.json")  # the same comparison run once more: how far bf16 strays from itself
+    if again:
+        by_step = {x["step"]: x for x in again["rows"]}
+        for row, x in zip(rows, d["rows"], strict=True):
+            y = by_step.get(x["step"])
+            row += [f"{y[other]:.4f}", f"{y['difference']:+.4f}", f"{x[other] - y[other]:+.4f}"] if y else ["", "", ""]
+        header += [f"{other}, again", "difference, again", f"{other} - {other}, again"]
     verdict = "within" if d["within_tolerance"] else "outside"
-    return {"precision": head(("precision.json", d)) + f"`{d['kind']}` model, {d['steps']} steps from the same seed "
-            f"and batches; the largest held-out difference is {d['max_abs_difference']:.4f}, {verdict} the "
-            f"tolerance of {d['tolerance']}.\n\n" + table(["step", "float32", other, "difference"], rows)}
+    text = (f"`{d['kind']}` model, {d['steps']} steps from the same seed and batches; the largest held-out "
+            f"difference is {d['max_abs_difference']:.4f}, {verdict} the tolerance of {d['tolerance']}.")
+    if again:
+        spread = max(abs(x[other] - by_step[x["step"]][other]) for x in d["rows"] if x["step"] in by_step)
+        text += (f" Run once more (`results/precision-again.json`: {again.get('note', 'the same command')}), the "
+                 f"largest difference was {again['max_abs_difference']:.4f}, and the two {other} runs were up to "
+                 f"{spread:.4f} apart.")
+    return {"precision": head(("precision.json", d)) + text + "\n\n" + table(header, rows)}
 
 
 def rise(losses: list[float], steps: int) -> float:
@@ -549,7 +562,7 @@ OUTPUTS: list[tuple[tuple[str, ...], tuple[str, ...], Callable[[dict], dict], tu
     # (JSON needed, JSON used if present, writer, what it writes)
     (tuple(RUNS), (), training, ("training", "training-loss.png")),
     (("evaluate.json",), (), evaluate, ("evaluate",)),
-    (("precision.json",), (), precision, ("precision",)),
+    (("precision.json",), ("precision-again.json",), precision, ("precision",)),
     (("warmup.json",), (), warmup, ("warmup",)),
     (("attention.json",), (), attention, ("attention",)),
     (("context.json",), (), context, ("context", "context-loss.png")),

@@ -67,7 +67,8 @@ def test_bench_runs_end_to_end_and_writes_its_figures(tmp_path):
     assert {"cached_ms", "rerun_ms", "floor_ms", "floor_bytes", "cached_over_floor", "rerun_over_cached"} <= set(d)
     assert set(d["cached_ms_by_dtype"]) == set(d["floor_ms_by_dtype"]) == {"float32", "bfloat16"}
     assert d["floor_bytes"] == decode_bytes_per_token(tiny_model(rope=True).to(torch.bfloat16), held=16)
-    assert d["floor_ms_by_dtype"]["float32"] > d["floor_ms_by_dtype"]["bfloat16"]  # half the bytes to read
+    # half the bytes to read; equal only where the flops bound both (a tiny model on a busy machine's peak)
+    assert d["floor_ms_by_dtype"]["float32"] >= d["floor_ms_by_dtype"]["bfloat16"]
     assert d["cached_over_floor"] == d["cached_ms"] / d["floor_ms"]
     assert d["rerun_over_cached"] == d["rerun_ms"] / d["cached_ms"]
     assert [g["batch"] for g in saved["generation"]] == [1, 2]

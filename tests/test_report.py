@@ -159,6 +159,24 @@ def test_precision_table_lists_every_evaluation_and_the_verdict():
     assert "the largest held-out difference is 0.0100, within the tolerance of 0.03." in table
 
 
+def test_precision_table_sets_a_second_run_beside_the_first():
+    def run(bf16: list[float]) -> dict:
+        rows = [{"step": s, "float32": 3.0, "bfloat16": b, "difference": b - 3.0}
+                for s, b in zip((25, 50), bf16, strict=True)]
+        return {"command": "python dev/precision_parity.py", "machine": MACHINE, "kind": "rope",
+                "dtypes": ["float32", "bfloat16"], "steps": 50, "rows": rows,
+                "max_abs_difference": max(abs(b - 3.0) for b in bf16), "tolerance": 0.03,
+                "within_tolerance": max(abs(b - 3.0) for b in bf16) <= 0.03}
+    again = {**run([3.0, 2.95]), "note": "once more"}
+    table = report.precision({"precision.json": run([3.0, 3.04]), "precision-again.json": again})["precision"]
+    assert rows_of(table)[0][-3:] == ["bfloat16, again", "difference, again", "bfloat16 - bfloat16, again"]
+    assert rows_of(table)[1:] == [["25", "3.0000", "3.0000", "+0.0000", "3.0000", "+0.0000", "+0.0000"],
+                                  ["50", "3.0000", "3.0400", "+0.0400", "2.9500", "-0.0500", "+0.0900"]]
+    assert "0.0400, outside the tolerance of 0.03." in table
+    assert "(`results/precision-again.json`: once more), the largest difference was 0.0500, and the two bfloat16 " \
+           "runs were up to 0.0900 apart." in table
+
+
 def test_finetune_table_from_its_pretrain_json(results):
     (results / report.FINETUNE).write_text(json.dumps(pretrain_json("rope", 80, 0.5)))
     rows = rows_of(report.build(results)[0]["finetune"])
