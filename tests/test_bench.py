@@ -67,8 +67,14 @@ def test_bench_runs_end_to_end_and_writes_its_figures(tmp_path):
     assert {"cached_ms", "rerun_ms", "floor_ms", "floor_bytes", "cached_over_floor", "rerun_over_cached"} <= set(d)
     assert set(d["cached_ms_by_dtype"]) == set(d["floor_ms_by_dtype"]) == {"float32", "bfloat16"}
     assert d["floor_bytes"] == decode_bytes_per_token(tiny_model(rope=True).to(torch.bfloat16), held=16)
-    # half the bytes to read; equal only where the flops bound both (a tiny model on a busy machine's peak)
-    assert d["floor_ms_by_dtype"]["float32"] >= d["floor_ms_by_dtype"]["bfloat16"]
+    # each floor exactly as defined: its bytes at the best read bandwidth, or its flops at the float32 peak
+    bandwidth = max(v for k, v in saved["ceilings"].items() if k.startswith("read_bandwidth"))
+    for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
+        model = tiny_model(rope=True).to(dtype)
+        reading = decode_bytes_per_token(model, 16, 1) / bandwidth
+        computing = decode_flops_per_token(model.config, 16) / saved["ceilings"]["matmul_fp32_flops"]
+        assert d["floor_ms_by_dtype"][name] == 1e3 * max(reading, computing)
+    assert decode_bytes_per_token(tiny_model(rope=True), held=16) > d["floor_bytes"]  # bf16: half the bytes to read
     assert d["cached_over_floor"] == d["cached_ms"] / d["floor_ms"]
     assert d["rerun_over_cached"] == d["rerun_ms"] / d["cached_ms"]
     assert [g["batch"] for g in saved["generation"]] == [1, 2]
