@@ -33,7 +33,8 @@ def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--max-steps", type=int, default=200)
     p.add_argument("--eval-every", type=int, default=25)
-    p.add_argument("--out-dir", default="checkpoints/precision", help="the two run folders go here")
+    p.add_argument("--out-dir", help="the two run folders go here (default: checkpoints/precision, or "
+                   "checkpoints/precision-eager with --eager, so the two comparisons do not collide)")
     p.add_argument("--data-dir", default="data")
     p.add_argument("--kind", choices=("rope", "learned"), default="rope")
     p.add_argument("--eager", action="store_true",
@@ -41,6 +42,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--json", help="write the comparison here (e.g. results/precision.json)")
     p.add_argument("extra", nargs="*", help="more pretrain.py flags, after --")
     args = p.parse_args(argv)
+    args.out_dir = args.out_dir or ("checkpoints/precision-eager" if args.eager else "checkpoints/precision")
 
     runs = {}
     second = ("bfloat16", []) if args.eager else ("auto", ["--compile"])  # auto as the main job trains

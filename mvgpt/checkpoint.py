@@ -58,7 +58,7 @@ def save_checkpoint(path: str | os.PathLike, model: GPT, **extra) -> Path:
     return write_state(path, {"model": model.state_dict(), "config": asdict(model.config), **extra}, "checkpoint")
 
 
-def write_state(path: Path, state: dict, what: str = "checkpoint") -> Path:
+def write_state(path: Path, state: dict, what: str) -> Path:
     """torch.save(state) to path atomically; a full disk or a folder we may not write is one line,
     and the previous file, if any, is kept. Adapters (mvgpt/lora.py) are written the same way."""
     try:  # through our own file object, so a full disk is an OSError (ENOSPC), not torch's RuntimeError

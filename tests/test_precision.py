@@ -71,12 +71,13 @@ def test_float32_logits_keeps_the_weights_and_the_checkpoint():
     assert torch.equal(loss, reference)
 
 
-def test_parity_script_compares_float32_and_bf16_at_every_evaluation(data_dir, tmp_path):
+def test_parity_script_compares_float32_and_bf16_at_every_evaluation(data_dir, tmp_path, monkeypatch):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev"))
     import precision_parity
 
     out = tmp_path / "parity.json"
-    result = precision_parity.main(["--eager", "--max-steps", "4", "--eval-every", "2", "--out-dir", str(tmp_path),
+    monkeypatch.chdir(tmp_path)  # the run folders go to the default --out-dir, under here
+    result = precision_parity.main(["--eager", "--max-steps", "4", "--eval-every", "2",
                                     "--data-dir", str(data_dir), "--json", str(out), "--",
                                     "--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "16",
                                     "--batch-size", "2", "--eval-batches", "1"])
@@ -86,6 +87,9 @@ def test_parity_script_compares_float32_and_bf16_at_every_evaluation(data_dir, t
         assert r["difference"] == r["bfloat16"] - r["float32"] and r["float32"] != r["bfloat16"]
     assert result["max_abs_difference"] == max(abs(r["difference"]) for r in result["rows"])
     assert result["within_tolerance"] == (result["max_abs_difference"] <= result["tolerance"])
+    # --eager's own default folder: the compiled comparison's checkpoints/precision is left alone
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["precision-eager"]
+    assert (tmp_path / "checkpoints" / "precision-eager" / "bfloat16" / "ckpt.pt").is_file()
 
 
 def test_resolve_dtype_takes_a_named_dtype_as_asked_and_auto_from_the_hardware():
