@@ -9,6 +9,8 @@ Examples:
     python dev/precision_parity.py --eager --json results/precision-eager.json       # bf16 not compiled
     python dev/precision_parity.py --out-dir checkpoints/precision-again --json results/precision-again.json
                                                      # once more: how far compiled bf16 strays from itself
+    python dev/precision_parity.py --every-step 90 112 --out-dir checkpoints/precision-peak \
+        --json results/precision-peak.json           # each step around the peak: how far float32 moves in one
     python dev/precision_parity.py --max-steps 6 --eval-every 3 --out-dir /tmp/parity \\
         --data-dir /tmp/tinydata -- --n-layer 1 --n-embd 32 --n-head 2 --block-size 16   # tiny, seconds
 """
@@ -36,6 +38,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--out-dir", help="the two run folders go here (default: checkpoints/precision, or "
                    "checkpoints/precision-eager with --eager, so the two comparisons do not collide)")
     p.add_argument("--data-dir", default="data")
+    p.add_argument("--every-step", type=int, nargs=2, metavar=("FIRST", "LAST"),
+                   help="also evaluate after each step from FIRST to LAST (both runs)")
     p.add_argument("--kind", choices=("rope", "learned"), default="rope")
     p.add_argument("--eager", action="store_true",
                    help="bf16 without --compile (does the eager step track float32 too?)")
@@ -51,6 +55,8 @@ def main(argv: list[str] | None = None) -> dict:
                  "--ckpt-every", str(args.max_steps), "--data-dir", args.data_dir,
                  "--out-dir", str(Path(args.out_dir) / dtype), "--runs-dir", str(Path(args.out_dir) / "runs"),
                  *(["--rope"] if args.kind == "rope" else []), *args.extra]
+        if args.every_step:
+            flags += ["--eval-at", *map(str, range(args.every_step[0], args.every_step[1] + 1))]
         runs[dtype] = pretrain.main(flags)
     a, b = runs["float32"], runs[second[0]]
     rows = [{"step": x["step"], "float32": x["val_loss"], b["dtype"]: y["val_loss"],
@@ -64,6 +70,7 @@ def main(argv: list[str] | None = None) -> dict:
         "dtypes": ["float32", b["dtype"]],
         "steps": a["steps"],
         "rows": rows,
+        "every_step": args.every_step,  # [first, last]: evaluated after each of these steps too (or None)
         "max_abs_difference": worst,
         "tolerance": TOLERANCE,
         "within_tolerance": worst <= TOLERANCE,

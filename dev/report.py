@@ -145,6 +145,47 @@ def precision(r: dict) -> dict:
     return {"precision": head(("precision.json", d)) + text + "\n\n" + table(header, rows)}
 
 
+def precision_peak(r: dict) -> dict:
+    """The parity run evaluated after every step around the peak: how far one step moves each run's loss."""
+    d = r["precision-peak.json"]
+    other = d["dtypes"][1]
+    first, last = d["every_step"]
+    dense = [x for x in d["rows"] if first <= x["step"] <= last]
+    rows, moves = [], {"float32": [], other: []}
+    for prev, x in zip([None, *dense], dense, strict=False):
+        step_ago = prev is not None and prev["step"] == x["step"] - 1
+        cells = [x["step"], f"{x['float32']:.4f}", f"{x[other]:.4f}", f"{x['difference']:+.4f}"]
+        for name in ("float32", other):
+            move = x[name] - prev[name] if step_ago else None
+            cells.append(f"{move:+.4f}" if move is not None else "")
+            if move is not None:
+                moves[name].append((abs(move), x["step"]))
+        rows.append(cells)
+    (f32, at), (bf, bf_at) = max(moves["float32"]), max(moves[other])
+    outside = [x["step"] for x in dense if abs(x["difference"]) > d["tolerance"]]
+    text = (f"`{d['kind']}` model, {d['steps']} steps, the held-out loss measured after every step from "
+            f"{dense[0]['step']} to {dense[-1]['step']}. In one step float32's loss moved by up to {f32:.4f} "
+            f"(into step {at}) and {other}'s by up to {bf:.4f} (into step {bf_at}); the two differed by more than "
+            f"{d['tolerance']} at {len(outside)} of these {len(dense)} steps" + (f" ({', '.join(map(str, outside))})"
+                                                                                 if outside else "") + ".")
+
+    def draw(plt):
+        fig, ax = plt.subplots(figsize=(7, 3.2))
+        steps = [x["step"] for x in dense]
+        for name, style in (("float32", "o-"), (other, "s-")):
+            ax.plot(steps, [x[name] for x in dense], style, ms=3.5, label=name)
+        ax.set(xlabel="step (the learning rate peaks at the end of the warm-up)", ylabel="held-out loss",
+               title="Held-out loss after every step around the peak")
+        ax.legend()
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        return fig
+
+    return {"precision-peak": head(("precision-peak.json", d)) + text + "\n\n" + table(
+        ["step", "float32", other, "difference", "float32, one step", f"{other}, one step"], rows),
+        "precision-peak.png": draw}
+
+
 def rise(losses: list[float], steps: int) -> float:
     """The largest climb of the training loss above its lowest value so far, over the first `steps` steps."""
     low, worst = math.inf, 0.0
@@ -563,6 +604,7 @@ OUTPUTS: list[tuple[tuple[str, ...], tuple[str, ...], Callable[[dict], dict], tu
     (tuple(RUNS), (), training, ("training", "training-loss.png")),
     (("evaluate.json",), (), evaluate, ("evaluate",)),
     (("precision.json",), ("precision-again.json",), precision, ("precision",)),
+    (("precision-peak.json",), (), precision_peak, ("precision-peak", "precision-peak.png")),
     (("warmup.json",), (), warmup, ("warmup",)),
     (("attention.json",), (), attention, ("attention",)),
     (("context.json",), (), context, ("context", "context-loss.png")),

@@ -100,6 +100,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1337)
     # evaluation and checkpoints
     p.add_argument("--eval-every", type=int, default=25)
+    p.add_argument("--eval-at", type=int, nargs="+", default=[], metavar="STEP",
+                   help="also evaluate after these steps (e.g. each step around the learning-rate peak)")
     p.add_argument("--eval-batches", type=int, default=8)
     p.add_argument("--ckpt-every", type=int, default=25)
     # where and how it runs
@@ -140,6 +142,8 @@ def check_args(args: argparse.Namespace) -> str | None:
         if value > high or value < low or (value == low and not closed):
             return f"{flag} {value} must be {'at least' if closed else 'above'} {low:g}" + (
                 f" and at most {high:g}" if high < math.inf else "")
+    if any(s < 1 for s in args.eval_at):
+        return f"--eval-at {min(args.eval_at)} must be at least 1 (steps count from 1)"
     if args.n_embd % args.n_head:
         return f"--n-embd {args.n_embd} must be a multiple of --n-head {args.n_head}"
     if args.rope and (args.n_embd // args.n_head) % 2:
@@ -468,7 +472,7 @@ def train(run: dict, args: argparse.Namespace) -> dict:
         record = {"step": step, "loss": loss_value, "lr": lr, "tokens": step * tokens_per_step,
                   "tokens_per_s": speeds[-1], "elapsed": elapsed}
         # evaluate on held-out batches now and then (the budget is wall time: evaluations count)
-        due = step % args.eval_every == 0 or step == args.max_steps
+        due = step % args.eval_every == 0 or step == args.max_steps or step in args.eval_at
         if due:
             t1 = clock()
             val_loss = held_out_loss(model, val=run["val_data"], args=args, device=device, dtype=dtype)

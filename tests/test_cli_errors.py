@@ -72,6 +72,7 @@ CASES: list[Case] = [
     Case("pretrain", "--block-size 0", "--block-size 0 must be at least 1"),
     Case("pretrain", "--batch-size 0", "--batch-size 0 must be at least 1"),
     Case("pretrain", "--eval-every 0", "--eval-every 0 must be at least 1"),
+    Case("pretrain", "--eval-at 50 0", "--eval-at 0 must be at least 1"),
     Case("pretrain", "--ckpt-every 0", "--ckpt-every 0 must be at least 1"),
     Case("pretrain", "--seed -1", "--seed -1 must be at least 0"),
     Case("pretrain", "--lr nan", "--lr nan is not a finite number"),

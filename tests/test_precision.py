@@ -77,12 +77,12 @@ def test_parity_script_compares_float32_and_bf16_at_every_evaluation(data_dir, t
 
     out = tmp_path / "parity.json"
     monkeypatch.chdir(tmp_path)  # the run folders go to the default --out-dir, under here
-    result = precision_parity.main(["--eager", "--max-steps", "4", "--eval-every", "2",
+    result = precision_parity.main(["--eager", "--max-steps", "4", "--eval-every", "2", "--every-step", "1", "2",
                                     "--data-dir", str(data_dir), "--json", str(out), "--",
                                     "--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "16",
                                     "--batch-size", "2", "--eval-batches", "1"])
     assert result == json.loads(out.read_text())
-    assert result["dtypes"] == ["float32", "bfloat16"] and [r["step"] for r in result["rows"]] == [2, 4]
+    assert result["dtypes"] == ["float32", "bfloat16"] and [r["step"] for r in result["rows"]] == [1, 2, 4]
     for r in result["rows"]:
         assert r["difference"] == r["bfloat16"] - r["float32"] and r["float32"] != r["bfloat16"]
     assert result["max_abs_difference"] == max(abs(r["difference"]) for r in result["rows"])

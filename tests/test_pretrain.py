@@ -48,6 +48,15 @@ def run_args(root, name, *extra) -> list[str]:
             "--runs-dir", str(root / "runs"), *extra]
 
 
+def test_eval_at_adds_evaluations_and_leaves_the_training_alone(root):
+    every = train(root, "every", "--max-steps", "6", "--eval-every", "1")
+    some = train(root, "some", "--max-steps", "6", "--eval-at", "1", "2", "5")  # and every 3rd, and the last
+    assert [e["step"] for e in some["evals"]] == [1, 2, 3, 5, 6]
+    by_step = {e["step"]: e for e in every["evals"]}
+    assert all(e == by_step[e["step"]] for e in some["evals"])
+    assert losses(root / "some") == losses(root / "every")
+
+
 def test_same_seed_same_losses_and_both_kinds_share_batches(root):
     a = train(root, "a", "--max-steps", "4")
     b = train(root, "b", "--max-steps", "4")

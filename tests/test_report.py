@@ -177,6 +177,23 @@ def test_precision_table_sets_a_second_run_beside_the_first():
            "runs were up to 0.0900 apart." in table
 
 
+def test_precision_peak_table_gives_each_runs_move_in_one_step():
+    f32 = {25: 5.0, 99: 4.10, 100: 4.15, 101: 4.11, 200: 3.5}
+    bf16 = {25: 5.0, 99: 4.11, 100: 4.10, 101: 4.085, 200: 3.5}
+    rows = [{"step": s, "float32": f32[s], "bfloat16": bf16[s], "difference": bf16[s] - f32[s]} for s in f32]
+    d = {"command": "python dev/precision_parity.py --every-step 99 101", "machine": MACHINE, "kind": "rope",
+         "dtypes": ["float32", "bfloat16"], "steps": 200, "rows": rows, "every_step": [99, 101],
+         "max_abs_difference": 0.05, "tolerance": 0.03, "within_tolerance": False}
+    out = report.precision_peak({"precision-peak.json": d})
+    assert rows_of(out["precision-peak"])[1:] == [  # only the steps evaluated one by one
+        ["99", "4.1000", "4.1100", "+0.0100", "", ""],
+        ["100", "4.1500", "4.1000", "-0.0500", "+0.0500", "-0.0100"],
+        ["101", "4.1100", "4.0850", "-0.0250", "-0.0400", "-0.0150"]]
+    assert ("In one step float32's loss moved by up to 0.0500 (into step 100) and bfloat16's by up to 0.0150 "
+            "(into step 101); the two differed by more than 0.03 at 1 of these 3 steps (100).") in out["precision-peak"]
+    assert callable(out["precision-peak.png"])
+
+
 def test_finetune_table_from_its_pretrain_json(results):
     (results / report.FINETUNE).write_text(json.dumps(pretrain_json("rope", 80, 0.5)))
     rows = rows_of(report.build(results)[0]["finetune"])
