@@ -209,6 +209,28 @@ def warmup(r: dict) -> dict:
         + "\n" + commands}
 
 
+SCHEDULE = {  # the rope model's full 1000-step runs with one setting of the schedule changed
+    "pretrain-rope.json": "as the main job: --lr 2e-3 --warmup 100 --min-lr-ratio 0.1",
+    "schedule/pretrain-rope-again.json": "the same, run again",
+    "lr1.5e-3/pretrain-rope.json": "--lr 1.5e-3",
+    "lr1.5e-3/pretrain-rope-repeat.json": "--lr 1.5e-3, run again",
+    "schedule/pretrain-rope-warmup50.json": "--warmup 50",
+    "schedule/pretrain-rope-min0.json": "--min-lr-ratio 0",
+    "schedule/pretrain-rope-min0.3.json": "--min-lr-ratio 0.3",
+}
+
+
+def schedule(r: dict) -> dict:
+    at = [100, 300, 600, 800, 1000]
+    rows, runs = [], [(name, r[name]) for name in SCHEDULE if name in r]
+    for name, d in runs:
+        loss = {e["step"]: e["val_loss"] for e in d["evals"]}
+        rows.append([SCHEDULE[name], f"`{name}`"] + [f"{loss[s]:.4f}" if s in loss else "" for s in at])
+    return {"schedule": head(*runs) + "The rope model, 1000 steps each; held-out loss on pretrain.py's evaluation "
+            "batches. Where a JSON's command differs from its label, its note says how it was made.\n\n"
+            + table(["schedule", "results/", *[f"step {s}" for s in at]], rows, "ll")}
+
+
 def attention(r: dict) -> dict:
     d = r["attention.json"]
     rows = [[x["kernel"], f"{x['ms']:.1f}", f"{x['relative']:.2f}"] for x in d["rows"]]
@@ -606,6 +628,7 @@ OUTPUTS: list[tuple[tuple[str, ...], tuple[str, ...], Callable[[dict], dict], tu
     (("precision.json",), ("precision-again.json",), precision, ("precision",)),
     (("precision-peak.json",), (), precision_peak, ("precision-peak", "precision-peak.png")),
     (("warmup.json",), (), warmup, ("warmup",)),
+    (("pretrain-rope.json",), tuple(list(SCHEDULE)[1:]), schedule, ("schedule",)),
     (("attention.json",), (), attention, ("attention",)),
     (("context.json",), (), context, ("context", "context-loss.png")),
     (("data.json",), (), data, ("data",)),

@@ -7,7 +7,7 @@ skipped (a measurement, when its JSON is newer than the checkpoints it reads), a
 training run resumes, so the job can be run again after a stop.
 
 Examples:
-    python scripts/main.py --source ../shared/data/tinystories    # here: 40 to 45 minutes on 2 cores
+    python scripts/main.py --source ../shared/data/tinystories    # here: 40 to 60 minutes on 2 cores
     python scripts/main.py                                          # downloads TinyStories first
     python scripts/main.py --source stories.txt --tiny      # a tiny CPU run into tiny/, a minute
 """
@@ -27,7 +27,7 @@ from mvgpt.rope_scaling import SCALING_METHODS
 
 SCRIPTS = Path(__file__).resolve().parent
 ROOT = SCRIPTS.parent
-STEPS = 1000  # 11 to 13 minutes for each kind on a 2-core CPU with bf16 matrix units (see the README)
+STEPS = 1000  # 11 to 16 minutes for each kind on a 2-core CPU with bf16 matrix units (see the README)
 TINY = ["--n-layer", "2", "--n-head", "2", "--n-embd", "64", "--block-size", "32", "--batch-size", "4"]
 
 

@@ -90,7 +90,7 @@ def results(tmp_path) -> Path:
 def rows_of(markdown: str) -> list[list[str]]:
     """The cells of every table row, header rule left out."""
     return [[c.strip() for c in line.strip("|").split("|")] for line in markdown.splitlines()
-            if line.startswith("|") and not re.match(r"^\| *:?-", line)]
+            if line.startswith("|") and not re.fullmatch(r"\|( *:?-+:? *\|)+", line.strip())]
 
 
 def test_committed_docs_tables_and_readme_are_what_the_generator_makes_of_committed_results():
@@ -192,6 +192,21 @@ def test_precision_peak_table_gives_each_runs_move_in_one_step():
     assert ("In one step float32's loss moved by up to 0.0500 (into step 100) and bfloat16's by up to 0.0150 "
             "(into step 101); the two differed by more than 0.03 at 1 of these 3 steps (100).") in out["precision-peak"]
     assert callable(out["precision-peak.png"])
+
+
+def test_schedule_table_sets_each_full_run_beside_the_main_jobs():
+    def run(command: str, loss: float) -> dict:
+        return {"command": command, "machine": MACHINE, "evals": [{"step": s, "val_loss": loss - s / 1000}
+                                                                   for s in (100, 300, 600, 800, 1000)]}
+    r = {"pretrain-rope.json": run("python scripts/pretrain.py --rope", 4.0),
+         "schedule/pretrain-rope-warmup50.json": run("python scripts/pretrain.py --rope --warmup 50", 4.5)}
+    table = report.schedule(r)["schedule"]
+    assert rows_of(table)[1:] == [  # in SCHEDULE's order, the runs not measured left out
+        ["as the main job: --lr 2e-3 --warmup 100 --min-lr-ratio 0.1", "`pretrain-rope.json`",
+         "3.9000", "3.7000", "3.4000", "3.2000", "3.0000"],
+        ["--warmup 50", "`schedule/pretrain-rope-warmup50.json`", "4.4000", "4.2000", "3.9000", "3.7000", "3.5000"]]
+    assert "`results/schedule/pretrain-rope-warmup50.json` (made by `python scripts/pretrain.py --rope --warmup 50`)" \
+        in table
 
 
 def test_finetune_table_from_its_pretrain_json(results):
