@@ -9,8 +9,8 @@ Examples:
     python dev/precision_parity.py --eager --json results/precision-eager.json       # bf16 not compiled
     python dev/precision_parity.py --out-dir checkpoints/precision-again --json results/precision-again.json
                                                      # once more: how far compiled bf16 strays from itself
-    python dev/precision_parity.py --every-step 90 112 --out-dir checkpoints/precision-peak \
-        --json results/precision-peak.json           # each step around the peak: how far float32 moves in one
+    python dev/precision_parity.py --every-step 90 112 --out-dir checkpoints/precision-peak \\
+        --json results/precision-peak.json           # each step around the peak: how far one step moves each
     python dev/precision_parity.py --max-steps 6 --eval-every 3 --out-dir /tmp/parity \\
         --data-dir /tmp/tinydata -- --n-layer 1 --n-embd 32 --n-head 2 --block-size 16   # tiny, seconds
 """
