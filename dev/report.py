@@ -150,21 +150,16 @@ def precision_peak(r: dict) -> dict:
     d = r["precision-peak.json"]
     other = d["dtypes"][1]
     first, last = d["every_step"]
-    dense = [x for x in d["rows"] if first <= x["step"] <= last]
-    rows, moves = [], {"float32": [], other: []}
-    for prev, x in zip([None, *dense], dense, strict=False):
-        step_ago = prev is not None and prev["step"] == x["step"] - 1
-        cells = [x["step"], f"{x['float32']:.4f}", f"{x[other]:.4f}", f"{x['difference']:+.4f}"]
-        for name in ("float32", other):
-            move = x[name] - prev[name] if step_ago else None
-            cells.append(f"{move:+.4f}" if move is not None else "")
-            if move is not None:
-                moves[name].append((abs(move), x["step"]))
-        rows.append(cells)
-    (f32, at), (bf, bf_at) = max(moves["float32"]), max(moves[other])
+    dense = [x for x in d["rows"] if first <= x["step"] <= last]  # one row per step
+    moves = {name: [None] + [b[name] - a[name] for a, b in zip(dense, dense[1:], strict=False)]
+             for name in ("float32", other)}
+    rows = [[x["step"], f"{x['float32']:.4f}", f"{x[other]:.4f}", f"{x['difference']:+.4f}"]
+            + [f"{moves[name][i]:+.4f}" if i else "" for name in ("float32", other)] for i, x in enumerate(dense)]
+    (f32, at), (bf, bf_at) = (max((abs(m), x["step"]) for m, x in zip(moves[name][1:], dense[1:], strict=True))
+                              for name in ("float32", other))
     outside = [x["step"] for x in dense if abs(x["difference"]) > d["tolerance"]]
     text = (f"`{d['kind']}` model, {d['steps']} steps, the held-out loss measured after every step from "
-            f"{dense[0]['step']} to {dense[-1]['step']}. In one step float32's loss moved by up to {f32:.4f} "
+            f"{first} to {last}. In one step float32's loss moved by up to {f32:.4f} "
             f"(into step {at}) and {other}'s by up to {bf:.4f} (into step {bf_at}); the two differed by more than "
             f"{d['tolerance']} at {len(outside)} of these {len(dense)} steps" + (f" ({', '.join(map(str, outside))})"
                                                                                  if outside else "") + ".")
@@ -209,15 +204,11 @@ def warmup(r: dict) -> dict:
         + "\n" + commands}
 
 
-SCHEDULE = {  # the rope model's full 1000-step runs with one setting of the schedule changed
-    "pretrain-rope.json": "as the main job: --lr 2e-3 --warmup 100 --min-lr-ratio 0.1",
-    "schedule/pretrain-rope-again.json": "the same, run again",
-    "lr1.5e-3/pretrain-rope.json": "--lr 1.5e-3",
-    "lr1.5e-3/pretrain-rope-repeat.json": "--lr 1.5e-3, run again",
-    "schedule/pretrain-rope-warmup50.json": "--warmup 50",
-    "schedule/pretrain-rope-min0.json": "--min-lr-ratio 0",
-    "schedule/pretrain-rope-min0.3.json": "--min-lr-ratio 0.3",
-}
+SCHEDULE = [  # the rope model's full 1000-step runs: the main job's, again, and with one setting changed
+    "pretrain-rope.json", "schedule/pretrain-rope-again.json", "lr1.5e-3/pretrain-rope.json",
+    "lr1.5e-3/pretrain-rope-repeat.json", "schedule/pretrain-rope-warmup50.json",
+    "schedule/pretrain-rope-min0.json", "schedule/pretrain-rope-min0.3.json",
+]
 
 
 def schedule(r: dict) -> dict:
@@ -225,10 +216,13 @@ def schedule(r: dict) -> dict:
     rows, runs = [], [(name, r[name]) for name in SCHEDULE if name in r]
     for name, d in runs:
         loss = {e["step"]: e["val_loss"] for e in d["evals"]}
-        rows.append([SCHEDULE[name], f"`{name}`"] + [f"{loss[s]:.4f}" if s in loss else "" for s in at])
+        a = d["args"]  # the settings the run trained with, whatever its command spelled out
+        rows.append([f"`{name}`", f"{a['lr']:g}", a["warmup"], f"{a['min_lr_ratio']:g}"]
+                    + [f"{loss[s]:.4f}" if s in loss else "" for s in at])
     return {"schedule": head(*runs) + "The rope model, 1000 steps each; held-out loss on pretrain.py's evaluation "
-            "batches. Where a JSON's command differs from its label, its note says how it was made.\n\n"
-            + table(["schedule", "results/", *[f"step {s}" for s in at]], rows, "ll")}
+            "batches. The settings are each run's own (its args); where a command leaves one out, the JSON's "
+            "note says how it was made.\n\n"
+            + table(["results/", "--lr", "--warmup", "--min-lr-ratio", *[f"step {s}" for s in at]], rows)}
 
 
 def attention(r: dict) -> dict:
@@ -628,7 +622,7 @@ OUTPUTS: list[tuple[tuple[str, ...], tuple[str, ...], Callable[[dict], dict], tu
     (("precision.json",), ("precision-again.json",), precision, ("precision",)),
     (("precision-peak.json",), (), precision_peak, ("precision-peak", "precision-peak.png")),
     (("warmup.json",), (), warmup, ("warmup",)),
-    (("pretrain-rope.json",), tuple(list(SCHEDULE)[1:]), schedule, ("schedule",)),
+    (("pretrain-rope.json",), tuple(SCHEDULE[1:]), schedule, ("schedule",)),
     (("attention.json",), (), attention, ("attention",)),
     (("context.json",), (), context, ("context", "context-loss.png")),
     (("data.json",), (), data, ("data",)),

@@ -33,7 +33,8 @@ def pretrain_json(kind: str, steps: int, offset: float) -> dict:
     return {"command": f"python scripts/pretrain.py{' --rope' if kind == 'rope' else ''} --minutes 10",
             "machine": MACHINE, "run": "pretrain" + ("-rope" if kind == "rope" else ""), "kind": kind,
             "dtype": "bfloat16", "steps": steps, "tokens": steps * 4096, "seconds": 600.5,
-            "tokens_per_s": steps * 4096 / 600.5, "evals": evals, "val_loss": 2.0 + offset, "args": {"seed": 1337}}
+            "tokens_per_s": steps * 4096 / 600.5, "evals": evals, "val_loss": 2.0 + offset,
+            "args": {"seed": 1337, "lr": 2e-3, "warmup": 100, "min_lr_ratio": 0.1}}
 
 
 def context_json() -> dict:
@@ -195,16 +196,17 @@ def test_precision_peak_table_gives_each_runs_move_in_one_step():
 
 
 def test_schedule_table_sets_each_full_run_beside_the_main_jobs():
-    def run(command: str, loss: float) -> dict:
-        return {"command": command, "machine": MACHINE, "evals": [{"step": s, "val_loss": loss - s / 1000}
-                                                                   for s in (100, 300, 600, 800, 1000)]}
-    r = {"pretrain-rope.json": run("python scripts/pretrain.py --rope", 4.0),
-         "schedule/pretrain-rope-warmup50.json": run("python scripts/pretrain.py --rope --warmup 50", 4.5)}
+    def run(command: str, loss: float, warmup: int) -> dict:
+        return {"command": command, "machine": MACHINE, "args": {"lr": 2e-3, "warmup": warmup, "min_lr_ratio": 0.1},
+                "evals": [{"step": s, "val_loss": loss - s / 1000} for s in (100, 300, 600, 800, 1000)]}
+    r = {"pretrain-rope.json": run("python scripts/pretrain.py --rope", 4.0, 100),
+         "schedule/pretrain-rope-warmup50.json": run("python scripts/pretrain.py --rope --warmup 50", 4.5, 50)}
     table = report.schedule(r)["schedule"]
-    assert rows_of(table)[1:] == [  # in SCHEDULE's order, the runs not measured left out
-        ["as the main job: --lr 2e-3 --warmup 100 --min-lr-ratio 0.1", "`pretrain-rope.json`",
-         "3.9000", "3.7000", "3.4000", "3.2000", "3.0000"],
-        ["--warmup 50", "`schedule/pretrain-rope-warmup50.json`", "4.4000", "4.2000", "3.9000", "3.7000", "3.5000"]]
+    assert rows_of(table)[0][1:4] == ["--lr", "--warmup", "--min-lr-ratio"]
+    assert rows_of(table)[1:] == [  # in SCHEDULE's order, the runs not measured left out; settings from args
+        ["`pretrain-rope.json`", "0.002", "100", "0.1", "3.9000", "3.7000", "3.4000", "3.2000", "3.0000"],
+        ["`schedule/pretrain-rope-warmup50.json`", "0.002", "50", "0.1", "4.4000", "4.2000", "3.9000", "3.7000",
+         "3.5000"]]
     assert "`results/schedule/pretrain-rope-warmup50.json` (made by `python scripts/pretrain.py --rope --warmup 50`)" \
         in table
 
