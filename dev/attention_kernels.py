@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from mvgpt.bench import machine
+from mvgpt.cpu_attention import batched_causal_attention
 from mvgpt.io import write_json
 
 
@@ -52,6 +53,8 @@ KERNELS = {
     "matmul-softmax-matmul, bf16, softmax float32": (plain, torch.bfloat16),
     "matmul-softmax-matmul, bf16, softmax bf16": (lambda q, k, v: plain(q, k, v, torch.bfloat16), torch.bfloat16),
     "sdpa (flash), float32": (sdpa, torch.float32),
+    "batched products (mvgpt/cpu_attention.py), bf16": (batched_causal_attention, torch.bfloat16),
+    "batched products (mvgpt/cpu_attention.py), float32": (batched_causal_attention, torch.float32),
 }
 
 

@@ -123,7 +123,16 @@ class RotaryTable(nn.Module):
 # The transformer
 
 
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """(B, H, T, head) each -> (B, H, T, head): place t attends to places 0..t."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
 class CausalSelfAttention(nn.Module):
+    # the kernel for a pass with nothing cached (training): a faster one can be swapped in per
+    # module without changing the weights (mvgpt/cpu_attention.py does, for bf16 on a CPU)
+    attend: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] = staticmethod(causal_attention)
+
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.n_head = config.n_head
@@ -143,7 +152,7 @@ class CausalSelfAttention(nn.Module):
             held = cache.length
             k, v = cache.update(layer, k, v)  # (B, H, held + T, head)
         if held == 0:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            y = self.attend(q, k, v)
         elif T == 1:  # one new token sees everything held: no mask needed
             y = F.scaled_dot_product_attention(q, k, v)
         else:  # new token i sees the held tokens and new tokens 0..i

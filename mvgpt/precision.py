@@ -1,13 +1,11 @@
-"""Mixed precision: which dtype the matrix products run in, the autocast context for it, and the
-one product kept in float32 (the output layer's logits).
+"""Mixed precision: which dtype the matrix products run in, and the autocast context for it.
 
 Training in bfloat16 *mixed* precision keeps every weight, gradient and optimizer state in float32;
 only inside `torch.autocast` are the matrix products (linear layers, attention) run in bfloat16,
 which has float32's range (8 exponent bits) but 8 bits of mantissa instead of 24. Norms, softmax
-and the loss stay float32 (autocast's own lists). One product is kept in float32 by hand: the
-output layer's forward, whose logits the softmax reads directly: rounded to bf16 they slowed the
-first steps (docs/performance.md has the runs). Its two backward products stay bf16, so the cost is
-one product.
+and the loss stay float32 (autocast's own lists). (The output layer's logits were once kept in
+float32 by hand; with the 100-step warm-up bf16 logits track float32 as closely, and the float32
+product cost a tenth of the step: docs/performance.md has the runs.)
 
 bf16 pays only where the hardware multiplies bf16 natively: CUDA GPUs since Ampere, CPUs with
 AVX512-BF16 or AMX (Intel Sapphire Rapids and later, AMD Zen 4 and later). Elsewhere the CPU
@@ -16,7 +14,6 @@ PyTorch what the hardware has and, where it only says "emulated", times one prod
 
 Examples:
     dtype = resolve_dtype("auto", device)          # torch.bfloat16 on this CPU (AMX), or float32
-    float32_logits(model.lm_head)                  # the training loop's choice, for bf16 runs
     with autocast(device, dtype):
         logits, loss = model(x, y)
 """
@@ -89,35 +86,3 @@ def autocast(device: torch.device | str, dtype: torch.dtype) -> AbstractContextM
     if dtype == torch.float32:
         return nullcontext()
     return torch.autocast(torch.device(device).type, dtype=dtype)
-
-
-class _Float32Logits(torch.autograd.Function):
-    """logits = x @ weight.T computed in float32; the gradients' two products in bfloat16."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(x, weight)
-        return x.float() @ weight.float().T  # (B, T, C) @ (C, vocab) -> (B, T, vocab), float32
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x, weight = ctx.saved_tensors
-        g = grad.to(torch.bfloat16)  # the gradients tolerate bf16, as in the rest of the model
-        dx = g @ weight.to(torch.bfloat16)  # (B, T, vocab) @ (vocab, C)
-        dw = g.flatten(0, -2).T @ x.flatten(0, -2).to(torch.bfloat16)  # (vocab, B*T) @ (B*T, C)
-        return dx.to(x.dtype), dw.to(weight.dtype)
-
-
-def float32_logits(head: torch.nn.Linear) -> None:
-    """Make the output layer compute its logits in float32 even inside bf16 autocast.
-
-    The layer's weights and the checkpoint do not change (only this object's forward does), so a
-    model trained this way loads and reads like any other.
-    """
-    assert head.bias is None, "the output layer has no bias"
-
-    def forward(x: torch.Tensor) -> torch.Tensor:
-        with torch.autocast(x.device.type, enabled=False):
-            return _Float32Logits.apply(x, head.weight)
-
-    head.forward = forward

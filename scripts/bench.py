@@ -51,13 +51,14 @@ from mvgpt.bench import (
     sync,
     training_flops_per_token,
 )
+from mvgpt.cpu_attention import batched_attention_pays, use_batched_attention
 from mvgpt.device import pick_device
 from mvgpt.errors import ArgumentParser, positive_int, positive_ints, run_main, writable_file
 from mvgpt.io import write_json
 from mvgpt.model import GPT, GPTConfig, KVCache
 from mvgpt.perf import compile_for_decoding, matmul_flops, memory_bandwidth, profile_table, time_it, tune_malloc
 from mvgpt.precision import CHOICES as DTYPE_CHOICES
-from mvgpt.precision import autocast, dtype_name, float32_logits, resolve_dtype
+from mvgpt.precision import autocast, dtype_name, resolve_dtype
 from mvgpt.train import configure_optimizer
 
 T = TypeVar("T")
@@ -80,8 +81,8 @@ def train_step(model: GPT, x: torch.Tensor, y: torch.Tensor, device: torch.devic
                compile: bool = False) -> Callable[[], float]:
     """One step as pretrain.py takes it: forward under autocast, backward, clip, fused AdamW, loss to the host."""
     optimizer = configure_optimizer(model, lr=1e-4, weight_decay=0.1, device=device)  # small lr: sane weights
-    if dtype == torch.bfloat16:
-        float32_logits(model.lm_head)
+    if batched_attention_pays(device, dtype):
+        use_batched_attention(model)
     forward = torch.compile(model) if compile else model
 
     def step() -> float:

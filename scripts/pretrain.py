@@ -7,8 +7,8 @@ embedding is the one difference between two runs. Each kind gets its own run fol
 A run is bounded by time (--minutes, 10 by default: the learning rate follows the clock and
 reaches its floor when the time is up, on any device) or by steps (--max-steps: the schedule
 follows the steps, and two runs from the same seed are identical). Matrix products run in
-bfloat16 where the hardware does them natively (--dtype auto), with the weights, the output layer's
-logits and the loss kept in float32.
+bfloat16 where the hardware does them natively (--dtype auto), with the weights and the loss kept
+in float32.
 
 Examples:
     python scripts/pretrain.py                       # learned positions, 10 minutes
@@ -44,6 +44,7 @@ from tqdm import tqdm
 
 from mvgpt.bench import machine
 from mvgpt.checkpoint import CHECKPOINT_NAME, config_from_dict, read_checkpoint, save_checkpoint
+from mvgpt.cpu_attention import batched_attention_pays, use_batched_attention
 from mvgpt.data import DATA_DIR, data_tokenizer_hash, get_batch, load_tokens
 from mvgpt.device import pick_device
 from mvgpt.errors import run_main
@@ -51,7 +52,7 @@ from mvgpt.io import write_json
 from mvgpt.model import GPT, GPTConfig
 from mvgpt.perf import tune_malloc
 from mvgpt.precision import CHOICES as DTYPE_CHOICES
-from mvgpt.precision import autocast, dtype_name, float32_logits, resolve_dtype
+from mvgpt.precision import autocast, dtype_name, resolve_dtype
 from mvgpt.rope_scaling import SCALING_METHODS
 from mvgpt.train import configure_optimizer, lr_at
 
@@ -529,8 +530,8 @@ def main(argv: list[str] | None = None) -> dict:
     tok_hash = data_tokenizer_hash(data_dir)
     args.vocab_size = json.loads((data_dir / "meta.json").read_text())["vocab_size"]
     model = build_model(args, tok_hash)
-    if dtype == torch.bfloat16:
-        float32_logits(model.lm_head)  # the logits the softmax reads stay float32 (mvgpt/precision.py)
+    if batched_attention_pays(device, dtype):
+        use_batched_attention(model)  # attention's products over all heads at once (mvgpt/cpu_attention.py)
     name = run_name(args)
     out_dir = Path(args.out_dir or Path("checkpoints") / name)
     optimizer = configure_optimizer(model, args.lr, args.weight_decay, device)

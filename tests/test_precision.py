@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from conftest import tiny_model
 
-from mvgpt.precision import autocast, bf16_pays, dtype_name, float32_logits, resolve_dtype
+from mvgpt.precision import autocast, bf16_pays, dtype_name, resolve_dtype
 
 
 def tokens(model, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -16,59 +16,13 @@ def tokens(model, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     return x, x.roll(-1, dims=1)
 
 
-def test_autocast_alone_gives_bf16_logits():
+def test_autocast_gives_bf16_logits_and_a_float32_loss():
     model = tiny_model(rope=True)
-    x, _ = tokens(model)
-    with autocast("cpu", torch.bfloat16):
-        logits, _ = model(x)
-    assert logits.dtype == torch.bfloat16  # what float32_logits is there to change
-
-
-def test_float32_logits_forward_is_the_float32_product():
-    model = tiny_model(rope=True)
-    captured = {}
-    model.ln_f.register_forward_hook(lambda module, inputs, out: captured.update(h=out))
-    float32_logits(model.lm_head)
-    x, _ = tokens(model)
-    with autocast("cpu", torch.bfloat16):
-        logits, _ = model(x)
-    assert logits.dtype == torch.float32
-    with torch.autocast("cpu", enabled=False):
-        expected = F.linear(captured["h"].float(), model.wte.weight)
-    assert torch.equal(logits, expected)
-
-
-def test_float32_logits_backward_is_bf16_products_of_the_gradient():
-    torch.manual_seed(0)
-    head = torch.nn.Linear(8, 16, bias=False)
-    float32_logits(head)
-    x = torch.randn(2, 3, 8, requires_grad=True)
-    grad = torch.randn(2, 3, 16)
-    with autocast("cpu", torch.bfloat16):
-        out = head(x)
-    out.backward(grad)
-    g, w, xb = grad.bfloat16(), head.weight.detach().bfloat16(), x.detach().bfloat16()
-    assert torch.equal(x.grad, (g @ w).float())
-    assert torch.equal(head.weight.grad, (g.flatten(0, 1).T @ xb.flatten(0, 1)).float())
-    # and both are the float32 gradients to bf16's precision
-    x32 = x.detach().clone().requires_grad_(True)
-    w32 = head.weight.detach().clone().requires_grad_(True)
-    (x32 @ w32.T).backward(grad)
-    torch.testing.assert_close(x.grad, x32.grad, rtol=2e-2, atol=2e-2)
-    torch.testing.assert_close(head.weight.grad, w32.grad, rtol=2e-2, atol=2e-2)
-
-
-def test_float32_logits_keeps_the_weights_and_the_checkpoint():
-    model = tiny_model(rope=True)
-    before = {k: v.clone() for k, v in model.state_dict().items()}
-    float32_logits(model.lm_head)
-    after = model.state_dict()
-    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
-    assert model.lm_head.weight is model.wte.weight  # still tied: the embedding learns from both ends
     x, y = tokens(model)
-    _, loss = model(x, y)  # outside autocast it is the plain float32 layer
-    _, reference = tiny_model(rope=True)(x, y)
-    assert torch.equal(loss, reference)
+    with autocast("cpu", torch.bfloat16):
+        logits, loss = model(x, y)
+    assert logits.dtype == torch.bfloat16 and loss.dtype == torch.float32  # the loss: autocast's float32 list
+    assert torch.equal(loss, F.cross_entropy(logits.float().flatten(0, 1), y.flatten()))
 
 
 def test_parity_script_compares_float32_and_bf16_at_every_evaluation(data_dir, tmp_path, monkeypatch):

@@ -1,0 +1,85 @@
+"""Causal attention for training on a CPU: two batched matrix products and a softmax, by hand.
+
+PyTorch's `scaled_dot_product_attention` runs a flash kernel on a CPU: it walks the scores in
+small tiles, never holding the (T, T) matrix, and recomputes them in the backward pass. At the
+training shape here (T = 256, 6 heads of 64, batch 16) the whole score matrix of a head is only
+256 x 256, and in bf16 the tiles' many small products keep the CPU's matrix units mostly idle:
+`dev/attention_kernels.py` measured the flash kernel's forward and backward a third slower than
+this one, which does each product over all B * H heads at once (`torch.bmm`) and keeps the
+softmax's output for the backward pass (B * H * T * T numbers: 12.6 MB a layer in bf16).
+
+The maths, for one head (scores S, probabilities P, output Y; d the head size):
+    forward:  S = Q K^T / sqrt(d), masked above the diagonal;  P = softmax(S);  Y = P V
+    backward: dV = P^T dY;  dP = dY V^T;  dS = P * (dP - rowsum(dP * P));  dQ = dS K / sqrt(d);
+              dK = dS^T Q / sqrt(d)
+
+The model does not know about it: `use_batched_attention(model)` swaps it in for each block's
+causal attention (`CausalSelfAttention.attend`), and the training loop does that where it pays
+(bf16 on a CPU). The checkpoint does not change.
+
+Example:
+    if batched_attention_pays(device, dtype):      # bf16 on a CPU: pretrain.py's choice
+        use_batched_attention(model)
+    with autocast(device, torch.bfloat16):
+        logits, loss = model(x, y)
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+
+from mvgpt.model import CausalSelfAttention
+
+
+class _BatchedCausalAttention(torch.autograd.Function):
+    """(B, H, T, d) queries, keys and values -> (B, H, T, d), every head's products in one bmm."""
+
+    @staticmethod
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        B, H, T, d = q.shape
+        q = (q * (1.0 / math.sqrt(d))).reshape(B * H, T, d)  # the scale on q: T*d numbers, not T*T
+        k, v = k.reshape(B * H, T, d), v.reshape(B * H, T, d)
+        scores = torch.bmm(q, k.transpose(1, 2))  # (B*H, T, T)
+        future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
+        probs = torch.softmax(scores.masked_fill_(future, float("-inf")), dim=-1)
+        ctx.save_for_backward(q, k, v, probs)
+        ctx.shape = (B, H, T, d)
+        return torch.bmm(probs, v).view(B, H, T, d)
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        q, k, v, probs = ctx.saved_tensors  # q already scaled
+        BH, T, d = q.shape
+        dy = dy.reshape(BH, T, d)
+        dv = torch.bmm(probs.transpose(1, 2), dy)
+        dprobs = torch.bmm(dy, v.transpose(1, 2))
+        dscores = torch._softmax_backward_data(dprobs, probs, -1, probs.dtype)  # P * (dP - rowsum(dP * P))
+        dq = torch.bmm(dscores, k) * (1.0 / math.sqrt(d))
+        dk = torch.bmm(dscores.transpose(1, 2), q)
+        return dq.view(ctx.shape), dk.view(ctx.shape), dv.view(ctx.shape)
+
+
+def batched_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal attention as `scaled_dot_product_attention(q, k, v, is_causal=True)` computes it,
+    (B, H, T, d) each -> (B, H, T, d), in the dtype autocast asks for (else the inputs')."""
+    device = q.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else q.dtype
+    with torch.autocast(device, enabled=False):  # the products and the softmax all in `dtype`
+        return _BatchedCausalAttention.apply(q.to(dtype), k.to(dtype), v.to(dtype))
+
+
+def batched_attention_pays(device: torch.device | str, dtype: torch.dtype) -> bool:
+    """Where the training loop swaps it in: bf16 on a CPU. (In float32 the flash kernel was the
+    faster of the two, and on a GPU the flash kernels are what to use.)"""
+    return torch.device(device).type == "cpu" and dtype == torch.bfloat16
+
+
+def use_batched_attention(model: nn.Module) -> None:
+    """Swap `batched_causal_attention` in for every block's causal attention (the cache's paths,
+    with a mask or one new token, keep PyTorch's kernel)."""
+    for module in model.modules():
+        if isinstance(module, CausalSelfAttention):
+            module.attend = batched_causal_attention
