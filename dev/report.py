@@ -371,10 +371,15 @@ def bench(r: dict) -> dict:
     for t in b["training"] + untuned:
         batch = t.get("batch") or b["training"][0]["batch"]  # the untuned-malloc row runs the same batch
         label = ", ".join([t["kind"], *([t["dtype"]] if t.get("dtype") else []),
-                           *(["compiled"] if t.get("compiled") else []), "×".join(map(str, batch))])
+                           *(["compiled"] if t.get("compiled") else []),
+                           *(["PyTorch's attention kernel"] if t.get("compiled") and t.get("attention") == "sdpa"
+                             and b.get("training_batched_attention_speedup") else []), "×".join(map(str, batch))])
         rows.append([f"training ({label})", f"{t['tokens_per_s']:,.0f} tokens/s = {t['flops'] / 1e9:,.1f} GFLOP/s",
                      f"{peak_name} peak", f"{t['share_of_peak']:.2f} of peak",
                      goal("training_share_of_peak", "≥ {:g}")])
+    rows += [[f"training ({kind}, compiled bf16): attention's batched products over PyTorch's kernel",
+              f"{ratio:.2f}× the tokens/s", "side by side", "", ""]
+             for kind, ratio in b.get("training_batched_attention_speedup", {}).items()]
     floor = f"floor {d['floor_ms']:.2f} ms"
     for n, ms in d["cached_ms_by_threads"].items():
         rows.append([f"decoding, sliding cache, {n} thread{'s' * (int(n) > 1)}", f"{ms:.2f} ms/token", floor,

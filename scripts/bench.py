@@ -78,10 +78,13 @@ def random_tokens(shape: tuple[int, ...], vocab_size: int, device: torch.device,
 
 
 def train_step(model: GPT, x: torch.Tensor, y: torch.Tensor, device: torch.device, dtype: torch.dtype,
-               compile: bool = False) -> Callable[[], float]:
-    """One step as pretrain.py takes it: forward under autocast, backward, clip, fused AdamW, loss to the host."""
+               compile: bool = False, batched_attention: bool | None = None) -> Callable[[], float]:
+    """One step as pretrain.py takes it: forward under autocast, backward, clip, fused AdamW, loss to the host.
+    Attention's batched products where they pay, as pretrain.py chooses, unless `batched_attention` says."""
     optimizer = configure_optimizer(model, lr=1e-4, weight_decay=0.1, device=device)  # small lr: sane weights
-    if batched_attention_pays(device, dtype):
+    if batched_attention is None:
+        batched_attention = batched_attention_pays(device, dtype)
+    if batched_attention:
         use_batched_attention(model)
     forward = torch.compile(model) if compile else model
 
@@ -103,10 +106,14 @@ def bench_training(config: GPTConfig, device: torch.device, batch_size: int, ste
     step of each in turn, `steps` rounds, the median of each (the machine's load changes alike)."""
     x = random_tokens((batch_size, config.block_size), config.vocab_size, device, seed=1)
     y = random_tokens((batch_size, config.block_size), config.vocab_size, device, seed=2)
-    variants = [(dtype, False) for dtype in PRECISIONS] + ([(torch.bfloat16, True)] if compile else [])
+    variants = [(dtype, False, None) for dtype in PRECISIONS]
+    if compile:
+        if batched_attention_pays(device, torch.bfloat16):  # the same step with PyTorch's kernel, for the ratio
+            variants.append((torch.bfloat16, True, False))
+        variants.append((torch.bfloat16, True, None))
     steps_fns, first = [], []
-    for dtype, compiled in variants:
-        fn = train_step(make_model(config, device, train=True), x, y, device, dtype, compiled)
+    for dtype, compiled, batched in variants:
+        fn = train_step(make_model(config, device, train=True), x, y, device, dtype, compiled, batched)
         t0 = time.perf_counter()
         fn()  # the first step: compiling, the allocator, AdamW's state
         sync(device)
@@ -119,14 +126,17 @@ def bench_training(config: GPTConfig, device: torch.device, batch_size: int, ste
             t.append(time_it(fn, device, repeats=1, warmup=0))
     rows = []
     per_token = training_flops_per_token(config)
-    for (dtype, compiled), fn, t, t_first in zip(variants, steps_fns, times, first, strict=True):
+    for (dtype, compiled, batched), fn, t, t_first in zip(variants, steps_fns, times, first, strict=True):
         seconds = statistics.median(t)
         tokens_per_s = batch_size * config.block_size / seconds
+        batched = batched_attention_pays(device, dtype) if batched is None else batched
         row = {"kind": "rope" if config.rope else "learned", "dtype": dtype_name(dtype), "compiled": compiled,
+               "attention": "batched" if batched else "sdpa",
                "batch": [batch_size, config.block_size], "step_s": seconds, "tokens_per_s": tokens_per_s,
                "flops_per_token": per_token, "flops": per_token * tokens_per_s,
                "share_of_peak": per_token * tokens_per_s / peak,
-               "profile": profile_table(fn, device) if profile and dtype == headline else ""}
+               "profile": profile_table(fn, device) if profile and dtype == headline and (batched or
+                                                                                         not compiled) else ""}
         if compiled:
             row["compile_s"] = max(t_first - seconds, 0.0)
         rows.append(row)
@@ -384,6 +394,13 @@ def main(argv: list[str] | None = None) -> dict:
                        and not r["compiled"])
             / next(r["tokens_per_s"] for r in training if r["kind"] == kind and r["dtype"] == "float32")
             for kind in ("learned", "rope")},
+        "training_batched_attention_speedup": {  # compiled bf16 step, batched products over PyTorch's kernel
+            kind: next(r["tokens_per_s"] for r in training if r["kind"] == kind and r["compiled"]
+                       and r["attention"] == "batched")
+            / next(r["tokens_per_s"] for r in training if r["kind"] == kind and r["compiled"]
+                   and r["attention"] == "sdpa")
+            for kind in ("learned", "rope")} if any(r["compiled"] and r["attention"] == "sdpa" for r in training)
+        else {},
         "training_malloc_untuned": untuned if malloc_tuned else None,
         "decoding": decoding,
         "generation": generation,
@@ -426,12 +443,16 @@ def summary_rows(result: dict) -> list[tuple[str, str, str, str, str]]:
     peak_name = "bf16 matmul peak" if c["training_peak"] == "matmul_bf16_flops" else "fp32 matmul peak"
     for t in result["training"]:
         B, T = t["batch"]
-        how = t["dtype"] + (f", compiled ({t['compile_s']:.0f} s)" if t["compiled"] else "")
+        how = t["dtype"] + (f", compiled ({t['compile_s']:.0f} s)" if t["compiled"] else "") + (
+            f", {t['attention']} attention" if t.get("attention") else "")
         rows.append((f"training, {t['kind']}, {how} ({B} x {T})",
                      f"{t['tokens_per_s']:,.0f} tokens/s = {t['flops'] / 1e9:,.1f} GFLOP/s", peak_name,
                      f"{t['share_of_peak']:.2f} of peak", f">= {goals['training_share_of_peak']}"))
     for kind, ratio in result["training_bf16_over_fp32"].items():
         rows.append((f"training, {kind}, bf16 over float32", f"{ratio:.2f}x", "side by side", "", ""))
+    for kind, ratio in result.get("training_batched_attention_speedup", {}).items():
+        rows.append((f"training, {kind}, compiled bf16, batched attention over sdpa", f"{ratio:.2f}x", "side by side",
+                     "", ""))
     untuned = result.get("training_malloc_untuned")
     if untuned:
         rows.append((f"training, {untuned['kind']}, {untuned['dtype']}, glibc malloc as it is",

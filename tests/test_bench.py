@@ -55,6 +55,8 @@ def test_bench_runs_end_to_end_and_writes_its_figures(tmp_path):
         ("learned", "float32"), ("learned", "bfloat16"), ("rope", "float32"), ("rope", "bfloat16")]
     best = max(saved["ceilings"]["matmul_fp32_flops"], saved["ceilings"]["matmul_bf16_flops"])
     assert saved["ceilings"][saved["ceilings"]["training_peak"]] == best
+    assert [t["attention"] for t in saved["training"]] == ["sdpa", "batched"] * 2  # bf16 on a CPU: batched
+    assert saved["training_batched_attention_speedup"] == {}  # no compiled rows to compare without --compile
     for t in saved["training"]:
         assert {"tokens_per_s", "flops", "share_of_peak", "profile", "compiled"} <= set(t)
         assert t["flops"] == t["tokens_per_s"] * training_flops_per_token(tiny_config())
@@ -92,6 +94,30 @@ def test_bench_runs_end_to_end_and_writes_its_figures(tmp_path):
     assert all(f"| training ({t['kind']}, " in table for t in saved["training"])
     assert "```text" in (docs / "results" / "bench-profiles.md").read_text()
     assert (docs / "figures" / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_training_bench_times_the_compiled_bf16_step_with_each_attention_side_by_side(monkeypatch):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import bench
+
+    from mvgpt.cpu_attention import batched_causal_attention
+    from mvgpt.model import causal_attention
+
+    models = []
+    monkeypatch.setattr(bench.torch, "compile", lambda model: models.append(model) or model)  # no inductor here
+    rows = bench.bench_training(tiny_config(rope=True), torch.device("cpu"), 2, 1, 1e12, torch.bfloat16,
+                                compile=True, profile=False)
+    assert [(r["dtype"], r["compiled"], r["attention"]) for r in rows] == [
+        ("float32", False, "sdpa"), ("bfloat16", False, "batched"),
+        ("bfloat16", True, "sdpa"), ("bfloat16", True, "batched")]  # the last: the step pretrain.py --compile takes
+    assert [m.blocks[0].attn.attend for m in models] == [causal_attention, batched_causal_attention]
+    assert all(r["tokens_per_s"] == 2 * 16 / r["step_s"] for r in rows)
+    # where the batched products do not pay (float32 headline aside, a device without them) no extra row
+    monkeypatch.setattr(bench, "batched_attention_pays", lambda device, dtype: False)
+    rows = bench.bench_training(tiny_config(), torch.device("cpu"), 2, 1, 1e12, torch.bfloat16, compile=True,
+                                profile=False)
+    assert [(r["dtype"], r["compiled"], r["attention"]) for r in rows] == [
+        ("float32", False, "sdpa"), ("bfloat16", False, "sdpa"), ("bfloat16", True, "sdpa")]
 
 
 def test_matmul_weights_are_the_linear_layers_weights():

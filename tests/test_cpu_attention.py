@@ -47,7 +47,7 @@ def test_under_bf16_autocast_it_computes_in_bf16_and_hands_float32_inputs_float3
     # the same as the whole computation on bf16 copies, and float32's to bf16's precision
     out16, grads16 = forward_backward(batched_causal_attention, [t.detach().bfloat16().requires_grad_()
                                                                  for t in qkv()], grad.bfloat16())
-    assert torch.equal(out, out16) and all(torch.equal(g, g16.float()) for g, g16 in zip(grads, grads16))
+    assert torch.equal(out, out16) and all(torch.equal(g, g16.float()) for g, g16 in zip(grads, grads16, strict=True))
     ref, ref_grads = forward_backward(causal_attention, qkv(), grad)
     torch.testing.assert_close(out.float(), ref, rtol=3e-2, atol=3e-2)
     for g, r in zip(grads, ref_grads, strict=True):
