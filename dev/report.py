@@ -205,7 +205,7 @@ def warmup(r: dict) -> dict:
 
 
 SCHEDULE = [  # the rope model's full 1000-step runs: the main job's, again, and with one setting changed
-    "pretrain-rope.json", "schedule/pretrain-rope-again.json", "lr1.5e-3/pretrain-rope.json",
+    "schedule/pretrain-rope.json", "schedule/pretrain-rope-again.json", "lr1.5e-3/pretrain-rope.json",
     "lr1.5e-3/pretrain-rope-repeat.json", "schedule/pretrain-rope-warmup50.json",
     "schedule/pretrain-rope-min0.json", "schedule/pretrain-rope-min0.3.json",
 ]

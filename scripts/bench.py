@@ -354,8 +354,9 @@ def main(argv: list[str] | None = None) -> dict:
     for config in (learned, rope):
         training += bench_training(config, device, args.batch_size, steps, peak, dtype, args.compile)
     for row in training:
-        print(f"training {row['kind']} {row['dtype']}{' compiled' if row['compiled'] else ''}: "
-              f"{row['tokens_per_s']:,.0f} tokens/s, {row['share_of_peak']:.2f} of peak", flush=True)
+        print(f"training {row['kind']} {row['dtype']}{' compiled' if row['compiled'] else ''}, "
+              f"{row['attention']} attention: {row['tokens_per_s']:,.0f} tokens/s, {row['share_of_peak']:.2f} of peak",
+              flush=True)
 
     # decoding at batch 1: the sliding cache (rope), the re-run window (learned), the floor
     tokens, repeats = (4, 3) if quick else (16, 7)
