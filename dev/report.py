@@ -204,7 +204,8 @@ def warmup(r: dict) -> dict:
         + "\n" + commands}
 
 
-SCHEDULE = [  # the rope model's full 1000-step runs: the main job's, again, and with one setting changed
+SCHEDULE = [  # the rope model's full 1000-step runs with the code of e04d528: the main job's then, again, and
+    # with one setting changed
     "schedule/pretrain-rope.json", "schedule/pretrain-rope-again.json", "lr1.5e-3/pretrain-rope.json",
     "lr1.5e-3/pretrain-rope-repeat.json", "schedule/pretrain-rope-warmup50.json",
     "schedule/pretrain-rope-min0.json", "schedule/pretrain-rope-min0.3.json",
@@ -627,7 +628,7 @@ OUTPUTS: list[tuple[tuple[str, ...], tuple[str, ...], Callable[[dict], dict], tu
     (("precision.json",), ("precision-again.json",), precision, ("precision",)),
     (("precision-peak.json",), (), precision_peak, ("precision-peak", "precision-peak.png")),
     (("warmup.json",), (), warmup, ("warmup",)),
-    (("pretrain-rope.json",), tuple(SCHEDULE[1:]), schedule, ("schedule",)),
+    ((SCHEDULE[0],), tuple(SCHEDULE[1:]), schedule, ("schedule",)),
     (("attention.json",), (), attention, ("attention",)),
     (("context.json",), (), context, ("context", "context-loss.png")),
     (("data.json",), (), data, ("data",)),

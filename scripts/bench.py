@@ -106,11 +106,12 @@ def bench_training(config: GPTConfig, device: torch.device, batch_size: int, ste
     step of each in turn, `steps` rounds, the median of each (the machine's load changes alike)."""
     x = random_tokens((batch_size, config.block_size), config.vocab_size, device, seed=1)
     y = random_tokens((batch_size, config.block_size), config.vocab_size, device, seed=2)
-    variants = [(dtype, False, None) for dtype in PRECISIONS]
+    variants = [(dtype, False, batched_attention_pays(device, dtype)) for dtype in PRECISIONS]
     if compile:
-        if batched_attention_pays(device, torch.bfloat16):  # the same step with PyTorch's kernel, for the ratio
+        pays = batched_attention_pays(device, torch.bfloat16)
+        if pays:  # the same step with PyTorch's kernel, for the ratio
             variants.append((torch.bfloat16, True, False))
-        variants.append((torch.bfloat16, True, None))
+        variants.append((torch.bfloat16, True, pays))
     steps_fns, first = [], []
     for dtype, compiled, batched in variants:
         fn = train_step(make_model(config, device, train=True), x, y, device, dtype, compiled, batched)
@@ -129,18 +130,23 @@ def bench_training(config: GPTConfig, device: torch.device, batch_size: int, ste
     for (dtype, compiled, batched), fn, t, t_first in zip(variants, steps_fns, times, first, strict=True):
         seconds = statistics.median(t)
         tokens_per_s = batch_size * config.block_size / seconds
-        batched = batched_attention_pays(device, dtype) if batched is None else batched
         row = {"kind": "rope" if config.rope else "learned", "dtype": dtype_name(dtype), "compiled": compiled,
                "attention": "batched" if batched else "sdpa",
                "batch": [batch_size, config.block_size], "step_s": seconds, "tokens_per_s": tokens_per_s,
                "flops_per_token": per_token, "flops": per_token * tokens_per_s,
                "share_of_peak": per_token * tokens_per_s / peak,
-               "profile": profile_table(fn, device) if profile and dtype == headline and (batched or
-                                                                                         not compiled) else ""}
+               # profiled as pretrain.py trains: not the step kept for the attention ratio
+               "profile": profile_table(fn, device) if profile and dtype == headline
+               and batched == batched_attention_pays(device, dtype) else ""}
         if compiled:
             row["compile_s"] = max(t_first - seconds, 0.0)
         rows.append(row)
     return rows
+
+
+def speed(training: list[dict], kind: str, **match) -> float:
+    """The tokens/s of the one training row of `kind` whose fields equal `match`."""
+    return next(r["tokens_per_s"] for r in training if r["kind"] == kind and all(r[k] == v for k, v in match.items()))
 
 
 def generate_seconds_per_token(
@@ -391,15 +397,11 @@ def main(argv: list[str] | None = None) -> dict:
         "ceilings": ceilings,
         "training": training,
         "training_bf16_over_fp32": {
-            kind: next(r["tokens_per_s"] for r in training if r["kind"] == kind and r["dtype"] == "bfloat16"
-                       and not r["compiled"])
-            / next(r["tokens_per_s"] for r in training if r["kind"] == kind and r["dtype"] == "float32")
+            kind: speed(training, kind, dtype="bfloat16", compiled=False) / speed(training, kind, dtype="float32")
             for kind in ("learned", "rope")},
         "training_batched_attention_speedup": {  # compiled bf16 step, batched products over PyTorch's kernel
-            kind: next(r["tokens_per_s"] for r in training if r["kind"] == kind and r["compiled"]
-                       and r["attention"] == "batched")
-            / next(r["tokens_per_s"] for r in training if r["kind"] == kind and r["compiled"]
-                   and r["attention"] == "sdpa")
+            kind: speed(training, kind, compiled=True, attention="batched")
+            / speed(training, kind, compiled=True, attention="sdpa")
             for kind in ("learned", "rope")} if any(r["compiled"] and r["attention"] == "sdpa" for r in training)
         else {},
         "training_malloc_untuned": untuned if malloc_tuned else None,
@@ -444,8 +446,8 @@ def summary_rows(result: dict) -> list[tuple[str, str, str, str, str]]:
     peak_name = "bf16 matmul peak" if c["training_peak"] == "matmul_bf16_flops" else "fp32 matmul peak"
     for t in result["training"]:
         B, T = t["batch"]
-        how = t["dtype"] + (f", compiled ({t['compile_s']:.0f} s)" if t["compiled"] else "") + (
-            f", {t['attention']} attention" if t.get("attention") else "")
+        how = t["dtype"] + (f", compiled ({t['compile_s']:.0f} s)" if t["compiled"] else "")
+        how += f", {t['attention']} attention"
         rows.append((f"training, {t['kind']}, {how} ({B} x {T})",
                      f"{t['tokens_per_s']:,.0f} tokens/s = {t['flops'] / 1e9:,.1f} GFLOP/s", peak_name,
                      f"{t['share_of_peak']:.2f} of peak", f">= {goals['training_share_of_peak']}"))

@@ -106,18 +106,20 @@ def test_training_bench_times_the_compiled_bf16_step_with_each_attention_side_by
     models = []
     monkeypatch.setattr(bench.torch, "compile", lambda model: models.append(model) or model)  # no inductor here
     rows = bench.bench_training(tiny_config(rope=True), torch.device("cpu"), 2, 1, 1e12, torch.bfloat16,
-                                compile=True, profile=False)
+                                compile=True)
     assert [(r["dtype"], r["compiled"], r["attention"]) for r in rows] == [
         ("float32", False, "sdpa"), ("bfloat16", False, "batched"),
         ("bfloat16", True, "sdpa"), ("bfloat16", True, "batched")]  # the last: the step pretrain.py --compile takes
     assert [m.blocks[0].attn.attend for m in models] == [causal_attention, batched_causal_attention]
     assert all(r["tokens_per_s"] == 2 * 16 / r["step_s"] for r in rows)
-    # where the batched products do not pay (float32 headline aside, a device without them) no extra row
+    # profiled: the headline precision's steps as pretrain.py takes them, not the one kept for the ratio
+    assert [bool(r["profile"]) for r in rows] == [False, True, False, True]
+    # where the batched products do not pay (a device without them) no extra row, and the compiled step profiled
     monkeypatch.setattr(bench, "batched_attention_pays", lambda device, dtype: False)
-    rows = bench.bench_training(tiny_config(), torch.device("cpu"), 2, 1, 1e12, torch.bfloat16, compile=True,
-                                profile=False)
+    rows = bench.bench_training(tiny_config(), torch.device("cpu"), 2, 1, 1e12, torch.bfloat16, compile=True)
     assert [(r["dtype"], r["compiled"], r["attention"]) for r in rows] == [
         ("float32", False, "sdpa"), ("bfloat16", False, "sdpa"), ("bfloat16", True, "sdpa")]
+    assert [bool(r["profile"]) for r in rows] == [False, True, True]
 
 
 def test_matmul_weights_are_the_linear_layers_weights():

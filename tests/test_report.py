@@ -198,14 +198,17 @@ def test_precision_peak_table_gives_each_runs_move_in_one_step():
     assert callable(out["precision-peak.png"])
 
 
-def test_schedule_table_sets_each_full_run_beside_the_main_jobs_kept_run():
+def test_schedule_table_sets_each_full_run_beside_the_main_jobs_kept_run(tmp_path):
     def run(command: str, loss: float, warmup: int) -> dict:
         return {"command": command, "machine": MACHINE, "args": {"lr": 2e-3, "warmup": warmup, "min_lr_ratio": 0.1},
                 "evals": [{"step": s, "val_loss": loss - s / 1000} for s in (100, 300, 600, 800, 1000)]}
     r = {"schedule/pretrain-rope.json": run("python scripts/pretrain.py --rope", 4.0, 100),
          "pretrain-rope.json": run("python scripts/pretrain.py --rope", 3.0, 100),  # the main job's now: not here
          "schedule/pretrain-rope-warmup50.json": run("python scripts/pretrain.py --rope --warmup 50", 4.5, 50)}
-    table = report.schedule(r)["schedule"]
+    for name, d in r.items():  # through build, as the docs are made: which JSONs the table reads
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(json.dumps(d))
+    table = report.build(tmp_path)[0]["schedule"]
     assert rows_of(table)[0][1:4] == ["--lr", "--warmup", "--min-lr-ratio"]
     assert rows_of(table)[1:] == [  # in SCHEDULE's order, the runs not measured left out; settings from args
         ["`schedule/pretrain-rope.json`", "0.002", "100", "0.1", "3.9000", "3.7000", "3.4000", "3.2000", "3.0000"],
