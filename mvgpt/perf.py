@@ -1,10 +1,12 @@
 """Performance machinery: timing a function fairly, the machine's ceilings, the profiler, glibc's
-malloc, and a compiled decoding step. Benchmarks (scripts/bench.py) use it; the model does not.
+malloc, where compiling a training run pays, and a compiled decoding step. Benchmarks
+(scripts/bench.py) and the training loop use it; the model does not.
 """
 
 from __future__ import annotations
 
 import platform
+import shutil
 import statistics
 import time
 from collections.abc import Callable
@@ -91,6 +93,24 @@ def tune_malloc() -> bool:
         return bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1))
     except (OSError, AttributeError):
         return False
+
+
+# A training run of at least this many seconds earns back compiling its step, where compiling pays:
+# on this project's CPU the compiled bf16 step ran about 1.25x the eager one, and compiling took
+# about a minute with inductor's cache cold (docs/performance.md, "Compiling the step").
+COMPILE_PAYS_AFTER_S = 300.0
+
+
+def compile_pays(device: torch.device | str, dtype: torch.dtype, seconds: float) -> bool:
+    """Whether `torch.compile` earns its compile time back over `seconds` of training, where a run
+    asks neither for it nor against it (pretrain.py's default for a run bounded by time).
+
+    Yes in bf16 on a CPU, for five minutes or more, if there is a C++ compiler for inductor's loops:
+    what it fuses (the norms, GELU, softmaxes, casts) is much of a bf16 step there. Not in float32
+    on a CPU (the step measured 1.04x), and not where it was not measured (a GPU: ask with --compile).
+    """
+    return (torch.device(device).type == "cpu" and dtype == torch.bfloat16 and seconds >= COMPILE_PAYS_AFTER_S
+            and any(shutil.which(cxx) for cxx in ("g++", "c++", "clang++")))
 
 
 def profile_table(fn: Callable[[], object], device: torch.device | str, row_limit: int = 15) -> str:

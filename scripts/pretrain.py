@@ -13,6 +13,7 @@ in float32.
 Examples:
     python scripts/pretrain.py                       # learned positions, 10 minutes
     python scripts/pretrain.py --rope                # rotary embeddings, same seed and batches
+    python scripts/pretrain.py --rope --no-compile   # the same, eager (compiled by default where it pays)
     python scripts/pretrain.py --rope --resume       # continue an interrupted run (and its clock)
     python scripts/pretrain.py --rope --max-steps 1000 --compile --json results/pretrain-rope.json
     python scripts/pretrain.py --n-layer 2 --n-embd 64 --n-head 2 --block-size 32 \\
@@ -50,7 +51,7 @@ from mvgpt.device import pick_device
 from mvgpt.errors import run_main
 from mvgpt.io import write_json
 from mvgpt.model import GPT, GPTConfig
-from mvgpt.perf import tune_malloc
+from mvgpt.perf import compile_pays, tune_malloc
 from mvgpt.precision import CHOICES as DTYPE_CHOICES
 from mvgpt.precision import autocast, dtype_name, resolve_dtype
 from mvgpt.rope_scaling import SCALING_METHODS
@@ -109,7 +110,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--device", help="cpu, cuda, mps (default: the best present)")
     p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
                    help="matrix products in bfloat16 (weights stay float32) or float32; auto: bf16 where native")
-    p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction,
+                   help="torch.compile the training step (default: where it pays, mvgpt.perf.compile_pays: "
+                        "a run bounded by five minutes or more, in bf16 on a CPU)")
     p.add_argument("--resume", action="store_true", help="continue the run folder's last checkpoint")
     p.add_argument("--overwrite", action="store_true", help="start again in a run folder that has a checkpoint")
     p.add_argument("--init-from", help="start from another run's weights (e.g. for a longer context)")
@@ -539,13 +542,15 @@ def main(argv: list[str] | None = None) -> dict:
     with RunLock(out_dir) if master else nullcontext(), StopSignals() as stop:
         step, elapsed = start_or_resume(args, out_dir, model, optimizer, tok_hash, master)
         model.to(device)
+        if args.compile is None:  # neither asked for nor against: where it earns its compile time back
+            args.compile = not args.max_steps and compile_pays(device, dtype, args.minutes * 60 - elapsed)
         train_model = torch.compile(model) if args.compile else model
         if world > 1:
             train_model = DistributedDataParallel(train_model, device_ids=[device.index] if device.type == "cuda"
                                                   else None)
         if master:
             print(f"{name}: {model.num_params():,} parameters, {model.config}, on {device} in {args.dtype}, "
-                  f"{world} process(es)")
+                  f"{'compiled' if args.compile else 'eager'}, {world} process(es)")
         log = RunLog(out_dir, args.runs_dir, master, step, args.max_steps)
         run = dict(model=model, train_model=train_model, optimizer=optimizer, device=device, dtype=dtype, log=log,
                    stop=stop, out_dir=out_dir, step=step, elapsed=elapsed, world=world, rank=rank, master=master,

@@ -217,6 +217,24 @@ def test_max_steps_keeps_the_schedule_exact_whatever_the_clock(root, monkeypatch
     assert [r["lr"] for r in records(root / "slow") if "lr" in r] == [lr_at(s, 2e-3, 2, 0.1, 6) for s in range(6)]
 
 
+@pytest.mark.parametrize("flags, compiled", [
+    (["--minutes", "10", "--dtype", "bfloat16"], True),  # the episode's ten minutes: compiling pays
+    (["--minutes", "10", "--dtype", "bfloat16", "--no-compile"], False),
+    (["--minutes", "10", "--dtype", "float32"], False),  # float32 on a CPU: it does not
+    (["--minutes", "4", "--dtype", "bfloat16"], False),  # too short to earn the compile time back
+    (["--max-steps", "4", "--dtype", "bfloat16"], False),  # bounded by steps: as asked
+    (["--max-steps", "4", "--dtype", "float32", "--compile"], True),
+])
+def test_the_step_is_compiled_where_it_pays_unless_asked(root, monkeypatch, flags, compiled):
+    compiles = []
+    monkeypatch.setattr(pretrain.torch, "compile", lambda model: compiles.append(model) or model)  # no inductor
+    monkeypatch.setattr("mvgpt.perf.shutil.which", lambda name: f"/usr/bin/{name}")  # a C++ compiler is there
+    monkeypatch.setattr(pretrain, "clock", FakeClock(100.0))  # 100 s a step: ten minutes in a few steps
+    out = train(root, "run", *flags)
+    assert out["args"]["compile"] is compiled and len(compiles) == compiled
+    assert read_checkpoint(root / "run")["args"]["compile"] is compiled  # what the run did, kept with it
+
+
 def test_bf16_autocast_tracks_float32(root):
     """Mixed precision keeps float32 weights and loss: over 8 steps of a tiny model the bf16 losses
     stay within 0.002 of float32's (measured here: 1e-4), and the weights stay float32."""
