@@ -29,6 +29,10 @@ PLACEHOLDER = ('!!! note "Not measured yet"\n'
                "    `{missing}` is not in `results/`: run the main job, then `python dev/report.py`.\n")
 RUNS = {"pretrain.json": "learned positions", "pretrain-rope.json": "rotary embeddings"}
 FINETUNE = "pretrain-rope-ctx1024-linear.json"
+TEN_MINUTES = {  # the episode's commands as a learner types them: ten minutes by the clock, the step compiled where
+    # that pays (the default), and the rope run once more without compiling
+    "ten-minutes/pretrain.json": "learned positions", "ten-minutes/pretrain-rope.json": "rotary embeddings",
+    "ten-minutes/pretrain-rope-eager.json": "rotary embeddings, --no-compile"}
 Draw = Callable  # draw(plt) -> a matplotlib figure
 
 
@@ -108,6 +112,16 @@ def training(r: dict) -> dict:
         return fig
 
     return {"training": head(*runs.items()) + body, "training-loss.png": draw}
+
+
+def ten_minutes(r: dict) -> dict:
+    runs = [(name, r[name]) for name in TEN_MINUTES if name in r]
+    rows = [[TEN_MINUTES[n], "compiled" if d["args"]["compile"] else "eager", d["dtype"], f"{d['steps']:,}",
+             f"{d['tokens']:,}", f"{d['seconds'] / 60:.1f}", f"{d['tokens_per_s']:,.0f}", f"{d['val_loss']:.4f}"]
+            for n, d in runs]
+    return {"ten-minutes": head(*runs) + "Each run trains until its ten minutes are up (compiling and evaluating "
+            "count against them); tokens/s is the median step's.\n\n"
+            + table(["run", "step", "dtype", "steps", "tokens", "minutes", "tokens/s", "held-out loss"], rows, "lll")}
 
 
 def evaluate(r: dict) -> dict:
@@ -553,8 +567,9 @@ def episode(r: dict) -> dict:
     e = r["episode.json"]
     rows = [[f["what"], f"{f['text']} ({f['at']})", "–" if (v := ours(r, f["ours"])) is None else f["format"].format(v)]
             for f in e["figures"]]
-    used = ["episode.json", *(n for n in ("pretrain.json", "pretrain-rope.json", "evaluate.json", "context.json",
-                                          "context-gpu.json") if n in r and any(n in f["ours"] for f in e["figures"]))]
+    used = ["episode.json", *(n for n in ("pretrain.json", "pretrain-rope.json", *TEN_MINUTES, "evaluate.json",
+                                          "context.json", "context-gpu.json")
+                              if n in r and any(f["ours"].startswith(n) or f" {n}" in f["ours"] for f in e["figures"]))]
     body = f"The episode: {e['hardware']}. This run: the machine(s) above; `–`: not measured here.\n\n"
     return {"episode": head(*[(n, r[n]) for n in used]) + body + table(["figure", "episode (at)", "this run"], rows,
                                                                           "lrr")}
@@ -638,11 +653,13 @@ OUTPUTS: list[tuple[tuple[str, ...], tuple[str, ...], Callable[[dict], dict], tu
      ("sinks",)),
     (("dynamic.json",), (), streams("dynamic", "{streams} streams of {length} held-out tokens read one at a time "
                                     "into a cache that never slides; loss past the first window."), ("dynamic",)),
+    (tuple(TEN_MINUTES)[:2], tuple(TEN_MINUTES)[2:], ten_minutes, ("ten-minutes",)),
     ((FINETUNE,), (), finetune, ("finetune",)),
     (("lora.json",), (), lora, ("lora",)),
     (("llama_cpp.json",), (), llama_cpp, ("llama-cpp", "llama-cpp-perplexity")),
     (("bench.json",), (), bench, ("bench", "bench-profiles", "bench.png")),
-    (("episode.json",), (*RUNS, "evaluate.json", "context.json", "context-gpu.json"), episode, ("episode",)),
+    (("episode.json",), (*RUNS, *TEN_MINUTES, "evaluate.json", "context.json", "context-gpu.json"), episode,
+     ("episode",)),
     ((), (), rope_speeds, ("rope-speeds",)),
     ((), (), weights, ("weights",)),
     ((), (), rotation, ("rope-rotation.png",)),

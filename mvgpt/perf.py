@@ -8,8 +8,10 @@ from __future__ import annotations
 import platform
 import shutil
 import statistics
+import sysconfig
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -96,8 +98,9 @@ def tune_malloc() -> bool:
 
 
 # A training run of at least this many seconds earns back compiling its step, where compiling pays:
-# on this project's CPU the compiled bf16 step ran about 1.25x the eager one, and compiling took
-# about a minute with inductor's cache cold (docs/performance.md, "Compiling the step").
+# on this project's CPU the compiled bf16 step ran about 1.25x the eager one (results/bench.json),
+# and a cold compile (inductor's cache empty) took under a minute of a ten-minute run
+# (docs/pretraining.md, "Ten minutes, as typed").
 COMPILE_PAYS_AFTER_S = 300.0
 
 
@@ -105,12 +108,14 @@ def compile_pays(device: torch.device | str, dtype: torch.dtype, seconds: float)
     """Whether `torch.compile` earns its compile time back over `seconds` of training, where a run
     asks neither for it nor against it (pretrain.py's default for a run bounded by time).
 
-    Yes in bf16 on a CPU, for five minutes or more, if there is a C++ compiler for inductor's loops:
-    what it fuses (the norms, GELU, softmaxes, casts) is much of a bf16 step there. Not in float32
-    on a CPU (the step measured 1.04x), and not where it was not measured (a GPU: ask with --compile).
+    Yes in bf16 on a CPU, for five minutes or more, where inductor can build its C++ loops (a C++
+    compiler, and Python's headers): what it fuses (the norms, GELU, softmaxes, casts) is much of a
+    bf16 step there. Not in float32 on a CPU (the compiled step is barely faster), and not where it
+    was not measured (a GPU: ask with --compile).
     """
     return (torch.device(device).type == "cpu" and dtype == torch.bfloat16 and seconds >= COMPILE_PAYS_AFTER_S
-            and any(shutil.which(cxx) for cxx in ("g++", "c++", "clang++")))
+            and any(shutil.which(cxx) for cxx in ("g++", "c++", "clang++"))
+            and (Path(sysconfig.get_paths()["include"]) / "Python.h").exists())
 
 
 def profile_table(fn: Callable[[], object], device: torch.device | str, row_limit: int = 15) -> str:

@@ -8,7 +8,8 @@ A run is bounded by time (--minutes, 10 by default: the learning rate follows th
 reaches its floor when the time is up, on any device) or by steps (--max-steps: the schedule
 follows the steps, and two runs from the same seed are identical). Matrix products run in
 bfloat16 where the hardware does them natively (--dtype auto), with the weights and the loss kept
-in float32.
+in float32. A run bounded by five minutes or more compiles its step where that pays (bf16 on a
+CPU: mvgpt.perf.compile_pays); --compile and --no-compile decide otherwise.
 
 Examples:
     python scripts/pretrain.py                       # learned positions, 10 minutes

@@ -34,7 +34,7 @@ def pretrain_json(kind: str, steps: int, offset: float) -> dict:
             "machine": MACHINE, "run": "pretrain" + ("-rope" if kind == "rope" else ""), "kind": kind,
             "dtype": "bfloat16", "steps": steps, "tokens": steps * 4096, "seconds": 600.5,
             "tokens_per_s": steps * 4096 / 600.5, "evals": evals, "val_loss": 2.0 + offset,
-            "args": {"seed": 1337, "lr": 2e-3, "warmup": 100, "min_lr_ratio": 0.1}}
+            "args": {"seed": 1337, "lr": 2e-3, "warmup": 100, "min_lr_ratio": 0.1, "compile": kind == "rope"}}
 
 
 def context_json() -> dict:
@@ -85,7 +85,10 @@ def results(tmp_path) -> Path:
     for name, data in {"pretrain.json": pretrain_json("learned", 1250, 0.0),
                        "pretrain-rope.json": pretrain_json("rope", 1178, -0.125),
                        "evaluate.json": evaluate_json(), "context.json": context_json(),
-                       "bench.json": bench_json(full=True)}.items():
+                       "bench.json": bench_json(full=True),
+                       "ten-minutes/pretrain.json": pretrain_json("learned", 700, 0.5),
+                       "ten-minutes/pretrain-rope.json": pretrain_json("rope", 650, 0.25)}.items():
+        (out / name).parent.mkdir(exist_ok=True)
         (out / name).write_text(json.dumps(data))
     shutil.copy(ROOT / "results" / "episode.json", out)
     return out
@@ -280,18 +283,34 @@ def test_bench_table_tolerates_absent_optional_keys(results):
 
 def test_episode_table_sets_each_episode_figure_beside_ours(results):
     episode = json.loads((ROOT / "results" / "episode.json").read_text())
-    r = {n: json.loads((results / n).read_text()) for n in ("pretrain.json", "pretrain-rope.json", "evaluate.json",
-                                                           "context.json")}
+    names = ("pretrain.json", "pretrain-rope.json", "evaluate.json", "context.json", *report.TEN_MINUTES)
+    r = {n: json.loads((results / n).read_text()) for n in names if (results / n).exists()}
     for f in episode["figures"]:  # every figure finds its place in what the scripts write (no GPU run here)
         assert (report.ours(r, f["ours"]) is None) == f["ours"].startswith("context-gpu.json"), f["what"]
     rows = {row[0]: row[1:] for row in rows_of(report.build(results)[0]["episode"])}
     assert rows["CPU ms/token: rope, sliding cache"] == ["about 2.2 (0:19, 13:37)", "2.0"]
     assert rows["CPU: rope's window ÷ its sliding cache"] == ["about 5.3× (13:37)", "6.0×"]
     assert rows["steps in the run, rope (ten minutes in the episode)"] == ["1,178 (9:40)", "1,178"]
+    assert rows["steps in ten minutes, rope (`pretrain.py --rope` as typed)"] == ["1,178 (9:40)", "650"]
+    assert rows["held-out loss after ten minutes, learned (as typed)"] == ["about 2.25 (16:20)", "2.50"]
     assert rows["held-out loss at step 1,000, learned"] == ["about 2.31 (10:16)", "2.00"]
     assert rows["top-1 accuracy, rope"] == ["about 51% (10:41)", "50%"]
     assert rows["parameters fewer than with learned positions"][1] == "100"
     assert rows["GPU ms/token: rope, sliding cache"] == ["about 3.0 (13:37)", "–"]
+
+
+def test_ten_minutes_table_from_the_commands_as_typed(results):
+    tables, _ = report.build(results)
+    text = tables["ten-minutes"]
+    assert text.startswith("From `results/ten-minutes/pretrain.json` (made by `python scripts/pretrain.py "
+                           "--minutes 10`), `results/ten-minutes/pretrain-rope.json` (made by")
+    rows = rows_of(text)
+    assert rows[1] == ["learned positions", "eager", "bfloat16", "700", f"{700 * 4096:,}", "10.0",
+                       f"{700 * 4096 / 600.5:,.0f}", "2.5000"]
+    assert rows[2][:4] == ["rotary embeddings", "compiled", "bfloat16", "650"] and len(rows) == 3  # no eager rope run
+    (results / "ten-minutes" / "pretrain-rope-eager.json").write_text(json.dumps(pretrain_json("learned", 500, 0.75)))
+    assert rows_of(report.build(results)[0]["ten-minutes"])[3][:4] == ["rotary embeddings, --no-compile", "eager",
+                                                                        "bfloat16", "500"]
 
 
 def test_missing_inputs_give_placeholders_and_the_code_tables_are_still_made(tmp_path):
