@@ -552,6 +552,9 @@ def main(argv: list[str] | None = None) -> dict:
         if master:
             print(f"{name}: {model.num_params():,} parameters, {model.config}, on {device} in {args.dtype}, "
                   f"{'compiled' if args.compile else 'eager'}, {world} process(es)")
+            if args.compile:  # the bar stands still meanwhile: say why
+                print("the first step compiles the model: a while when inductor's cache is empty, seconds "
+                      "after (--no-compile skips it)")
         log = RunLog(out_dir, args.runs_dir, master, step, args.max_steps)
         run = dict(model=model, train_model=train_model, optimizer=optimizer, device=device, dtype=dtype, log=log,
                    stop=stop, out_dir=out_dir, step=step, elapsed=elapsed, world=world, rank=rank, master=master,

@@ -225,7 +225,7 @@ def test_max_steps_keeps_the_schedule_exact_whatever_the_clock(root, monkeypatch
     (["--max-steps", "4", "--dtype", "bfloat16"], False),  # bounded by steps: as asked
     (["--max-steps", "4", "--dtype", "float32", "--compile"], True),
 ])
-def test_the_step_is_compiled_where_it_pays_unless_asked(root, monkeypatch, flags, compiled):
+def test_the_step_is_compiled_where_it_pays_unless_asked(root, monkeypatch, capsys, flags, compiled):
     compiles = []
     monkeypatch.setattr(pretrain.torch, "compile", lambda model: compiles.append(model) or model)  # no inductor
     monkeypatch.setattr("mvgpt.perf.shutil.which", lambda name: f"/usr/bin/{name}")  # a C++ compiler is there
@@ -235,6 +235,9 @@ def test_the_step_is_compiled_where_it_pays_unless_asked(root, monkeypatch, flag
     monkeypatch.setattr(pretrain, "clock", FakeClock(100.0))  # 100 s a step: ten minutes in a few steps
     out = train(root, "run", *flags)
     assert out["args"]["compile"] is compiled and len(compiles) == compiled
+    said = capsys.readouterr().out.splitlines()
+    assert said[0].endswith(f"{'compiled' if compiled else 'eager'}, 1 process(es)")
+    assert ("the first step compiles the model" in said[1]) is compiled  # why the bar stands still a while
     assert read_checkpoint(root / "run")["args"]["compile"] is compiled  # what the run did, kept with it
 
 
