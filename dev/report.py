@@ -249,6 +249,18 @@ def attention(r: dict) -> dict:
             + table(["kernel", "ms", "time / flash bf16"], rows)}
 
 
+def linear_products(r: dict) -> dict:
+    d = r["linear_products.json"]
+    rows = [[x["layer"], x["product"], f"{x['ms']:.2f}", "" if x["tflops"] is None else f"{x['tflops']:.2f}",
+             "" if x["over_square"] is None else f"{x['over_square']:.2f}"] for x in d["rows"]]
+    return {"linear-products": head(("linear_products.json", d)) + f"Each linear layer's products at "
+            f"{d['rows_per_step']:,} rows in bf16, and the square product bench.py takes its peak from, timed among "
+            f"them; the median of {d['rounds']} rounds taken side by side. A step's products (each layer's three, "
+            f"times the layers) at these speeds: {d['step_ms']:.0f} ms; all at the square product's rate: "
+            f"{d['step_ms_at_square_rate']:.0f} ms.\n\n"
+            + table(["layer", "product", "ms", "TFLOP/s", "× the square's"], rows, "ll")}
+
+
 def context(r: dict) -> dict:
     d = r["context.json"]
     rows, window, smooth = d["rows"], d["window"], 32
@@ -645,6 +657,7 @@ OUTPUTS: list[tuple[tuple[str, ...], tuple[str, ...], Callable[[dict], dict], tu
     (("warmup.json",), (), warmup, ("warmup",)),
     ((SCHEDULE[0],), tuple(SCHEDULE[1:]), schedule, ("schedule",)),
     (("attention.json",), (), attention, ("attention",)),
+    (("linear_products.json",), (), linear_products, ("linear-products",)),
     (("context.json",), (), context, ("context", "context-loss.png")),
     (("data.json",), (), data, ("data",)),
     (("sweep.json",), (), sweep, ("sweep", "memory", "sweep.png")),

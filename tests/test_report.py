@@ -468,3 +468,19 @@ def test_attention_table_lists_each_kernel_against_flash():
     table = report.attention({"attention.json": d})["attention"]
     assert rows_of(table)[1:] == [["sdpa (flash), bf16", "30.0", "1.00"], ["sdpa (math), bf16", "60.2", "2.01"]]
     assert "16 x 6 x 256 x 64" in table and "`python dev/attention_kernels.py`" in table
+
+
+def test_linear_products_table_gives_each_product_beside_the_square():
+    rows = [{"layer": "square", "product": "2048 x 2048 product", "ms": 14.0, "tflops": 1.25, "over_square": 1.0},
+            {"layer": "MLP up", "product": "weight's gradient, dY^T x", "ms": 5.75, "tflops": 0.84,
+             "over_square": 0.672},
+            {"layer": "MLP up", "product": "the copy making dY^T contiguous", "ms": 16.5, "tflops": None,
+             "over_square": None}]
+    d = {"command": "python dev/linear_products.py", "machine": MACHINE, "rows_per_step": 4096, "rounds": 15,
+         "rows": rows, "step_ms": 314.2, "step_ms_at_square_rate": 286.6}
+    table = report.linear_products({"linear_products.json": d})["linear-products"]
+    assert rows_of(table)[1:] == [["square", "2048 x 2048 product", "14.00", "1.25", "1.00"],
+                                  ["MLP up", "weight's gradient, dY^T x", "5.75", "0.84", "0.67"],
+                                  ["MLP up", "the copy making dY^T contiguous", "16.50", "", ""]]
+    assert "at these speeds: 314 ms; all at the square product's rate: 287 ms" in table
+    assert "4,096 rows" in table and "median of 15 rounds" in table
