@@ -290,7 +290,7 @@ def test_episode_table_sets_each_episode_figure_beside_ours(results):
     rows = {row[0]: row[1:] for row in rows_of(report.build(results)[0]["episode"])}
     assert rows["CPU ms/token: rope, sliding cache"] == ["about 2.2 (0:19, 13:37)", "2.0"]
     assert rows["CPU: rope's window ÷ its sliding cache"] == ["about 5.3× (13:37)", "6.0×"]
-    assert rows["steps in the run, rope (ten minutes in the episode)"] == ["1,178 (9:40)", "1,178"]
+    assert rows["steps in the main job's run, rope (ten minutes in the episode)"] == ["1,178 (9:40)", "1,178"]
     assert rows["steps in ten minutes, rope (`pretrain.py --rope` as typed)"] == ["1,178 (9:40)", "650"]
     assert rows["held-out loss after ten minutes, learned (as typed)"] == ["about 2.25 (16:20)", "2.50"]
     assert rows["held-out loss at step 1,000, learned"] == ["about 2.31 (10:16)", "2.00"]
