@@ -400,10 +400,14 @@ def bench(r: dict) -> dict:
         label = ", ".join([t["kind"], *([t["dtype"]] if t.get("dtype") else []),
                            *(["compiled"] if t.get("compiled") else []),
                            *(["PyTorch's attention kernel"] if t.get("compiled") and t.get("attention") == "sdpa"
-                             and b.get("training_batched_attention_speedup") else []), "×".join(map(str, batch))])
+                             and t.get("dtype") == "bfloat16" and b.get("training_batched_attention_speedup")
+                             else []), "×".join(map(str, batch))])
         rows.append([f"training ({label})", f"{t['tokens_per_s']:,.0f} tokens/s = {t['flops'] / 1e9:,.1f} GFLOP/s",
                      f"{peak_name} peak", f"{t['share_of_peak']:.2f} of peak",
                      goal("training_share_of_peak", "≥ {:g}")])
+    rows += [[f"training ({kind}): compiled over eager, side by side",
+              ", ".join(f"{name} {ratio:.2f}×" for name, ratio in ratios.items()), "the same step", "", ""]
+             for kind, ratios in b.get("training_compiled_over_eager", {}).items()]
     rows += [[f"training ({kind}, compiled bf16): attention's batched products over PyTorch's kernel",
               f"{ratio:.2f}× the tokens/s", "side by side", "", ""]
              for kind, ratio in b.get("training_batched_attention_speedup", {}).items()]

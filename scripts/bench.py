@@ -7,8 +7,9 @@ so what is compared is a ratio, not two numbers from different days:
   in float32 and in bf16 mixed precision (autocast, as pretrain.py --dtype trains), timed side by
   side, step after step in turn; the FLOP/s that makes (mvgpt.bench.training_flops_per_token says
   what is counted) and its share of the best matrix-product peak the device offers; with
-  --compile, the bf16 step through torch.compile too, with its compile time; and the rope step
-  once with glibc's malloc as it is (mvgpt.perf.tune_malloc);
+  --compile, the step through torch.compile too, in both precisions, with its compile time and its
+  speed-up over the eager step (what mvgpt.perf.compile_pays weighs); and the rope step once with
+  glibc's malloc as it is (mvgpt.perf.tune_malloc);
 - decoding at batch 1, ms/token, with float32 and with bf16 weights (half the bytes to read): the
   sliding cache (rope, a full window held: slide, then one token), the window re-run for each
   token (learned positions: 256 tokens, last-place logits), and the floor: the bytes a cached
@@ -102,8 +103,8 @@ def train_step(model: GPT, x: torch.Tensor, y: torch.Tensor, device: torch.devic
 
 def bench_training(config: GPTConfig, device: torch.device, batch_size: int, steps: int, peak: float,
                    headline: torch.dtype, compile: bool = False, profile: bool = True) -> list[dict]:
-    """Training steps of one kind in each precision (and compiled bf16), timed side by side: one
-    step of each in turn, `steps` rounds, the median of each (the machine's load changes alike)."""
+    """Training steps of one kind in each precision (and compiled), timed side by side: one step of
+    each in turn, `steps` rounds, the median of each (the machine's load changes alike)."""
     x = random_tokens((batch_size, config.block_size), config.vocab_size, device, seed=1)
     y = random_tokens((batch_size, config.block_size), config.vocab_size, device, seed=2)
     variants = [(dtype, False, batched_attention_pays(device, dtype)) for dtype in PRECISIONS]
@@ -112,6 +113,7 @@ def bench_training(config: GPTConfig, device: torch.device, batch_size: int, ste
         if pays:  # the same step with PyTorch's kernel, for the ratio
             variants.append((torch.bfloat16, True, False))
         variants.append((torch.bfloat16, True, pays))
+        variants.append((torch.float32, True, batched_attention_pays(device, torch.float32)))  # does it pay there?
     steps_fns, first = [], []
     for dtype, compiled, batched in variants:
         fn = train_step(make_model(config, device, train=True), x, y, device, dtype, compiled, batched)
@@ -144,9 +146,23 @@ def bench_training(config: GPTConfig, device: torch.device, batch_size: int, ste
     return rows
 
 
+def attention(device: torch.device, dtype: torch.dtype) -> str:
+    """The attention a training step in `dtype` takes on `device`, as pretrain.py chooses it."""
+    return "batched" if batched_attention_pays(device, dtype) else "sdpa"
+
+
 def speed(training: list[dict], kind: str, **match) -> float:
     """The tokens/s of the one training row of `kind` whose fields equal `match`."""
     return next(r["tokens_per_s"] for r in training if r["kind"] == kind and all(r[k] == v for k, v in match.items()))
+
+
+def compiled_over_eager(training: list[dict], device: torch.device) -> dict[str, dict[str, float]]:
+    """{kind: {dtype: compiled tokens/s over eager}}, each precision's step as pretrain.py takes it:
+    what mvgpt.perf.compile_pays weighs."""
+    return {kind: {dtype_name(dtype): speed(training, kind, dtype=dtype_name(dtype), compiled=True,
+                                            attention=attention(device, dtype))
+                   / speed(training, kind, dtype=dtype_name(dtype), compiled=False) for dtype in PRECISIONS}
+            for kind in ("learned", "rope")}
 
 
 def generate_seconds_per_token(
@@ -397,11 +413,13 @@ def main(argv: list[str] | None = None) -> dict:
         "ceilings": ceilings,
         "training": training,
         "training_bf16_over_fp32": {
-            kind: speed(training, kind, dtype="bfloat16", compiled=False) / speed(training, kind, dtype="float32")
+            kind: speed(training, kind, dtype="bfloat16", compiled=False)
+            / speed(training, kind, dtype="float32", compiled=False)
             for kind in ("learned", "rope")},
+        "training_compiled_over_eager": compiled_over_eager(training, device) if args.compile else {},
         "training_batched_attention_speedup": {  # compiled bf16 step, batched products over PyTorch's kernel
-            kind: speed(training, kind, compiled=True, attention="batched")
-            / speed(training, kind, compiled=True, attention="sdpa")
+            kind: speed(training, kind, dtype="bfloat16", compiled=True, attention="batched")
+            / speed(training, kind, dtype="bfloat16", compiled=True, attention="sdpa")
             for kind in ("learned", "rope")} if any(r["compiled"] and r["attention"] == "sdpa" for r in training)
         else {},
         "training_malloc_untuned": untuned if malloc_tuned else None,
@@ -453,6 +471,9 @@ def summary_rows(result: dict) -> list[tuple[str, str, str, str, str]]:
                      f"{t['share_of_peak']:.2f} of peak", f">= {goals['training_share_of_peak']}"))
     for kind, ratio in result["training_bf16_over_fp32"].items():
         rows.append((f"training, {kind}, bf16 over float32", f"{ratio:.2f}x", "side by side", "", ""))
+    for kind, ratios in result.get("training_compiled_over_eager", {}).items():
+        rows.append((f"training, {kind}, compiled over eager",
+                     ", ".join(f"{name} {ratio:.2f}x" for name, ratio in ratios.items()), "side by side", "", ""))
     for kind, ratio in result.get("training_batched_attention_speedup", {}).items():
         rows.append((f"training, {kind}, compiled bf16, batched attention over sdpa", f"{ratio:.2f}x", "side by side",
                      "", ""))

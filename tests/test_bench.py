@@ -57,6 +57,7 @@ def test_bench_runs_end_to_end_and_writes_its_figures(tmp_path):
     assert saved["ceilings"][saved["ceilings"]["training_peak"]] == best
     assert [t["attention"] for t in saved["training"]] == ["sdpa", "batched"] * 2  # bf16 on a CPU: batched
     assert saved["training_batched_attention_speedup"] == {}  # no compiled rows to compare without --compile
+    assert saved["training_compiled_over_eager"] == {}
     for t in saved["training"]:
         assert {"tokens_per_s", "flops", "share_of_peak", "profile", "compiled"} <= set(t)
         assert t["flops"] == t["tokens_per_s"] * training_flops_per_token(tiny_config())
@@ -109,17 +110,34 @@ def test_training_bench_times_the_compiled_bf16_step_with_each_attention_side_by
                                 compile=True)
     assert [(r["dtype"], r["compiled"], r["attention"]) for r in rows] == [
         ("float32", False, "sdpa"), ("bfloat16", False, "batched"),
-        ("bfloat16", True, "sdpa"), ("bfloat16", True, "batched")]  # the last: the step pretrain.py --compile takes
-    assert [m.blocks[0].attn.attend for m in models] == [causal_attention, batched_causal_attention]
+        ("bfloat16", True, "sdpa"), ("bfloat16", True, "batched"),  # the step pretrain.py --compile takes
+        ("float32", True, "sdpa")]  # and compiled in float32, for what compiling buys there
+    assert [m.blocks[0].attn.attend for m in models] == [causal_attention, batched_causal_attention,
+                                                         causal_attention]
     assert all(r["tokens_per_s"] == 2 * 16 / r["step_s"] for r in rows)
     # profiled: the headline precision's steps as pretrain.py takes them, not the one kept for the ratio
-    assert [bool(r["profile"]) for r in rows] == [False, True, False, True]
+    assert [bool(r["profile"]) for r in rows] == [False, True, False, True, False]
     # where the batched products do not pay (a device without them) no extra row, and the compiled step profiled
     monkeypatch.setattr(bench, "batched_attention_pays", lambda device, dtype: False)
     rows = bench.bench_training(tiny_config(), torch.device("cpu"), 2, 1, 1e12, torch.bfloat16, compile=True)
     assert [(r["dtype"], r["compiled"], r["attention"]) for r in rows] == [
-        ("float32", False, "sdpa"), ("bfloat16", False, "sdpa"), ("bfloat16", True, "sdpa")]
-    assert [bool(r["profile"]) for r in rows] == [False, True, True]
+        ("float32", False, "sdpa"), ("bfloat16", False, "sdpa"), ("bfloat16", True, "sdpa"), ("float32", True, "sdpa")]
+    assert [bool(r["profile"]) for r in rows] == [False, True, True, False]
+
+
+def test_compiled_over_eager_compares_each_precisions_step_as_pretrain_takes_it():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import bench
+
+    def row(kind, dtype, compiled, attention, tokens_per_s):
+        return {"kind": kind, "dtype": dtype, "compiled": compiled, "attention": attention,
+                "tokens_per_s": tokens_per_s}
+
+    training = [row(kind, *r) for kind in ("learned", "rope") for r in [
+        ("float32", False, "sdpa", 100.0), ("bfloat16", False, "batched", 200.0),
+        ("bfloat16", True, "sdpa", 230.0), ("bfloat16", True, "batched", 250.0), ("float32", True, "sdpa", 104.0)]]
+    ratios = bench.compiled_over_eager(training, torch.device("cpu"))  # bf16 on a CPU: batched products
+    assert ratios == {kind: {"float32": 1.04, "bfloat16": 1.25} for kind in ("learned", "rope")}
 
 
 def test_matmul_weights_are_the_linear_layers_weights():

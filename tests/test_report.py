@@ -72,6 +72,7 @@ def bench_json(full: bool) -> dict:
               "goals": {"cached_over_floor": 1.5, "rerun_over_cached": 20.0, "training_share_of_peak": 0.8},
               "training_malloc_untuned": {**training, "tokens_per_s": 1570.0, "share_of_peak": 0.8077},
               "training_batched_attention_speedup": {"rope": 1.25},
+              "training_compiled_over_eager": {"rope": {"float32": 1.04, "bfloat16": 1.25}},
               "training": [*b["training"], {**training, "dtype": "bfloat16", "compiled": True, "attention": "sdpa",
                                             "tokens_per_s": 2400.0, "share_of_peak": 0.6}],
               "compiled_decoding": {"ms": 3.6, "compile_s": 14.0, "profile": "compiled"}}
@@ -271,6 +272,8 @@ def test_bench_table_tolerates_absent_optional_keys(results):
     assert "training (rope, bfloat16, compiled, PyTorch's attention kernel, 16×256)" in [r[0] for r in full]
     assert ["training (rope, compiled bf16): attention's batched products over PyTorch's kernel", "1.25× the tokens/s",
             "side by side", "", ""] in full
+    assert ["training (rope): compiled over eager, side by side", "float32 1.04×, bfloat16 1.25×", "the same step",
+            "", ""] in full
     (results / "bench.json").write_text(json.dumps(bench_json(full=False)))
     tables, _ = report.build(results)
     rows = rows_of(tables["bench"])
