@@ -22,3 +22,9 @@ def test_compile_pays_for_long_bf16_runs_on_a_cpu_with_a_compiler(
         (tmp_path / "include" / "Python.h").write_text("")
     monkeypatch.setattr("mvgpt.perf.sysconfig.get_paths", lambda: {"include": str(tmp_path / "include")})
     assert compile_pays(device, dtype, seconds) is pays
+
+
+def test_compile_does_not_pay_where_inductor_wants_another_toolchain(monkeypatch):
+    monkeypatch.setattr("mvgpt.perf.shutil.which", lambda name: f"C:/mingw/bin/{name}.exe")
+    monkeypatch.setattr("mvgpt.perf.platform.system", lambda: "Windows")
+    assert compile_pays("cpu", torch.bfloat16, 600.0) is False
