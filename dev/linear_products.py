@@ -55,7 +55,8 @@ def main(argv: list[str] | None = None) -> dict:
     a, b = randn(args.square, args.square), randn(args.square, args.square)
     calls: dict[tuple[str, str], tuple[Callable[[], object], float]] = {
         ("square", f"{args.square} x {args.square} product"): (lambda: a @ b, 2.0 * args.square ** 3)}
-    for name, n_in, n_out, _ in layers(args.width, args.vocab, args.n_layer):
+    model_layers = layers(args.width, args.vocab, args.n_layer)
+    for name, n_in, n_out, _ in model_layers:
         x, w, dy = randn(args.rows, n_in), randn(n_out, n_in), randn(args.rows, n_out)
         dy_t = dy.t().contiguous()
         flops = 2.0 * args.rows * n_in * n_out
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> dict:
              "tflops": flops / seconds[(layer, product)] / 1e12 if flops else None,
              "over_square": flops / seconds[(layer, product)] / square if flops else None}
             for (layer, product), (_, flops) in calls.items()]
-    count = {name: n for name, _, _, n in layers(args.width, args.vocab, args.n_layer)}
+    count = {name: n for name, _, _, n in model_layers}
     step_products = ("forward, x W^T", "input's gradient, dY W", "weight's gradient, dY^T x")
     step = [(count[r["layer"]] * r["ms"], count[r["layer"]] * calls[(r["layer"], r["product"])][1])
             for r in rows if r["product"] in step_products]

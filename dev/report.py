@@ -121,7 +121,7 @@ def ten_minutes(r: dict) -> dict:
             for n, d in runs]
     return {"ten-minutes": head(*runs) + "Each run trains until its ten minutes are up (compiling and evaluating "
             "count against them); tokens/s is the median step's.\n\n"
-            + table(["run", "step", "dtype", "steps", "tokens", "minutes", "tokens/s", "held-out loss"], rows, "lll")}
+            + table(["run", "mode", "dtype", "steps", "tokens", "minutes", "tokens/s", "held-out loss"], rows, "lll")}
 
 
 def evaluate(r: dict) -> dict:
