@@ -295,7 +295,8 @@ def mean_over_ranks(value: float, device: torch.device) -> float:
 class StopSignals:
     """Ctrl-C (SIGINT) and SIGTERM ask the loop to stop after the current step, save, and exit.
 
-    Under DDP every rank must stop at the same step, so rank 0's signal and clock decide for all.
+    Under DDP every rank must follow one clock (the schedule reads it) and stop at the same step,
+    so rank 0's clock and signal decide for all.
     The previous handlers come back on exit (a test calling main() keeps its own).
     """
 
@@ -313,15 +314,15 @@ class StopSignals:
     def _on_signal(self, signum, frame) -> None:
         self.signal = signum
 
-    def agree(self, time_up: bool, device: torch.device) -> bool:
-        """Rank 0's (time up, signal) for every rank; returns time_up as rank 0 sees it."""
+    def agree(self, elapsed: float, device: torch.device) -> float:
+        """Rank 0's elapsed seconds and signal for every rank; returns the elapsed seconds."""
         if not dist.is_initialized():
-            return time_up
-        flag = torch.tensor([float(time_up), float(self.signal is not None)], device=device)
-        dist.broadcast(flag, 0)
-        if flag[1] and self.signal is None:
+            return elapsed
+        shared = torch.tensor([elapsed, float(self.signal is not None)], dtype=torch.float64, device=device)
+        dist.broadcast(shared, 0)
+        if shared[1] and self.signal is None:
             self.signal = signal.SIGTERM
-        return bool(flag[0])
+        return shared[0].item()
 
 
 class RunLock:
@@ -461,8 +462,9 @@ def train(run: dict, args: argparse.Namespace) -> dict:
         # forward (matrix products in bf16 under autocast), backward, clip, update
         with autocast(device, dtype):
             _, loss = train_model(x.to(device), y.to(device))
-        if not math.isfinite(loss.item()):
-            raise SystemExit(f"error: loss became {loss.item()} at step {step}: stopping; the last good "
+        loss_value = mean_over_ranks(loss.item(), device)  # non-finite on any rank: on all, so all stop
+        if not math.isfinite(loss_value):
+            raise SystemExit(f"error: loss became {loss_value} at step {step}: stopping; the last good "
                              f"checkpoint in {out_dir} is kept (try a lower --lr)")
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -470,7 +472,6 @@ def train(run: dict, args: argparse.Namespace) -> dict:
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
         optimizer.step()
         step += 1
-        loss_value = mean_over_ranks(loss.item(), device)
         dt = clock() - t0
         elapsed += dt
         speeds.append(tokens_per_step / dt)
@@ -486,8 +487,8 @@ def train(run: dict, args: argparse.Namespace) -> dict:
             evals.append({"step": step, "val_loss": val_loss, "train_loss": loss_value})
         # log: JSONL, TensorBoard, the bar
         log.write(record)
-        # checkpoint now and then; stop when the time is up (rank 0's clock) or on a signal
-        time_up = stop.agree(elapsed >= budget, device)
+        # checkpoint now and then; stop when the time is up or on a signal (rank 0's clock and signal)
+        elapsed = stop.agree(elapsed, device)
         stopping = stop.signal is not None  # read once: a signal arriving later waits for the next step
         saved = step % args.ckpt_every == 0 or stopping
         if saved:
@@ -498,8 +499,6 @@ def train(run: dict, args: argparse.Namespace) -> dict:
         if stopping:
             log.say(f"interrupted at step {step}: saved {out_dir}; continue with --resume")
             raise SystemExit(130 if stop.signal == signal.SIGINT else 143)
-        if time_up:
-            break
     # a last evaluation at the step the run stopped at, and the final checkpoint
     if not evals or evals[-1]["step"] != step:
         t1 = clock()
@@ -572,6 +571,9 @@ def main(argv: list[str] | None = None) -> dict:
         if args.json:
             write_json(args.json, summary)
     if world > 1:
+        # DDP before the process group: left as its last owner, DDP frees it holding Python's lock, and
+        # gloo's threads, waiting for that lock to free a tensor, hang the exit (it did, under load)
+        del run, train_model
         dist.destroy_process_group()
     return summary
 

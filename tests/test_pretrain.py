@@ -129,20 +129,65 @@ def test_tensorboard_events_are_written(root):
     assert list((root / "runs" / "tb").glob("events.out.tfevents.*"))
 
 
-def test_two_processes_with_torchrun(root):
-    with socket.socket() as s:  # a free port of our own for the rendezvous, whatever ran before this test
+def free_port() -> int:
+    """A free port of our own for a rendezvous, whatever ran before this test."""
+    with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+        return s.getsockname()[1]
+
+
+def run_group(cmd: list[str], env: dict, timeout: float = 300) -> subprocess.CompletedProcess:
+    """subprocess.run in a session of its own: on a timeout every process it started is killed too
+    (torchrun's workers would outlive it, and slow every test after)."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{cmd[:4]}... hung for {timeout} s:\n{out[-2000:]}{err[-2000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def test_two_processes_with_torchrun(root):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--rdzv-backend", "c10d",
-           "--rdzv-endpoint", f"127.0.0.1:{port}", "--nproc_per_node", "2",
+           "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--nproc_per_node", "2",
            str(ROOT / "scripts" / "pretrain.py"), *run_args(root, "ddp", "--max-steps", "12", "--lr", "3e-3")]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
-                            env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT)))
+    result = run_group(cmd, env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT)))
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     _, state = load_model(root / "ddp")
     assert state["step"] == 12
     record = losses(root / "ddp")
     assert sum(record[-3:]) / 3 < sum(record[:3]) / 3  # the loss falls
+
+
+RANKS = """
+import signal, sys, torch, torch.distributed as dist, pretrain
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+stop = pretrain.StopSignals()
+stop.signal = {signal_on_0} if rank == 0 else None
+elapsed = stop.agree(10.0 + rank, torch.device("cpu"))
+loss = pretrain.mean_over_ranks(float("inf") if rank == 1 else 2.0, torch.device("cpu"))
+print(rank, elapsed, stop.signal and int(stop.signal), loss)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("signal_on_0", [None, signal.SIGINT])
+def test_every_rank_follows_rank_0s_clock_and_signal_and_sees_a_bad_loss(signal_on_0):
+    """Under DDP the schedule reads rank 0's clock on every rank (else the learning rates part and the
+    ranks stop at different steps, one waiting for the other for good); a non-finite loss on any rank
+    reaches all, so all stop together."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT / "scripts"), WORLD_SIZE="2",
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    code = RANKS.format(signal_on_0=int(signal_on_0) if signal_on_0 else None)
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=dict(env, RANK=str(rank)), text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for rank in (0, 1)]
+    lines = [p.communicate(timeout=120)[0].strip() for p in procs]
+    signals = [signal_on_0, signal.SIGTERM if signal_on_0 else None]  # rank 1 is told to stop, not by whom
+    assert lines == [f"{rank} 10.0 {int(s) if s else None} inf" for rank, s in enumerate(signals)]
 
 
 class FakeClock:
