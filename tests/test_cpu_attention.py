@@ -3,7 +3,7 @@ import torch
 import torch.nn.functional as F
 from conftest import tiny_model
 
-from mvgpt.cpu_attention import batched_attention_pays, batched_causal_attention, use_batched_attention
+from mvgpt.cpu_attention import batched_attention_pays, batched_causal_attention, causal_mask, use_batched_attention
 from mvgpt.model import causal_attention
 from mvgpt.precision import autocast
 
@@ -77,3 +77,12 @@ def test_it_pays_for_bf16_on_a_cpu_only():
     assert batched_attention_pays("cpu", torch.bfloat16)
     assert not batched_attention_pays("cpu", torch.float32)
     assert not batched_attention_pays("cuda", torch.bfloat16)
+
+
+def test_the_causal_mask_hides_the_future_and_is_made_once_per_shape():
+    mask = causal_mask(4, torch.bfloat16, torch.device("cpu"))
+    assert mask.dtype == torch.bfloat16 and mask.shape == (4, 4)
+    assert torch.equal(mask == float("-inf"), torch.ones(4, 4, dtype=torch.bool).triu(1))
+    assert torch.equal(mask.tril(), torch.zeros(4, 4, dtype=torch.bfloat16))
+    assert causal_mask(4, torch.bfloat16, torch.device("cpu")) is mask
+    assert causal_mask(4, torch.float32, torch.device("cpu")) is not mask
