@@ -252,9 +252,9 @@ def measure_ceilings(device: torch.device, quick: bool, threads: int) -> dict:
     """Matrix-product FLOP/s in float32 and bf16, memory bandwidth (and one thread's, on a CPU)."""
     n = (2048 if quick else 4096) if device.type == "cuda" else (1024 if quick else 2048)
     c = {"matmul_n": n, "bandwidth_mbytes": 128 if quick else 512}
-    c["matmul_fp32_flops"] = matmul_flops(device, n, repeats=3 if quick else 5)
+    c["matmul_fp32_flops"] = matmul_flops(device, n, repeats=3 if quick else 10)
     # without native bf16 instructions a CPU's bf16 product is many times slower than float32, with them faster
-    c["matmul_bf16_flops"] = matmul_flops(device, n, torch.bfloat16, repeats=3)
+    c["matmul_bf16_flops"] = matmul_flops(device, n, torch.bfloat16, repeats=3 if quick else 10)
     bandwidth = memory_bandwidth(device, c["bandwidth_mbytes"], repeats=3 if quick else 5)
     c["read_bandwidth"], c["copy_bandwidth"] = bandwidth["read"], bandwidth["copy"]
     if device.type == "cpu" and threads > 1:  # one core alone: what a single-threaded kernel could get

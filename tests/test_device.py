@@ -1,3 +1,5 @@
+import time
+
 import pytest
 import torch
 
@@ -30,3 +32,11 @@ def test_sync_and_timing_on_cpu():
     assert time_it(lambda: calls.append(1), "cpu", repeats=3, warmup=2) >= 0
     assert len(calls) == 5
     assert "cpu" in machine("cpu") and torch.__version__ in machine("cpu")
+
+
+def test_time_it_gives_the_median_or_what_it_is_asked(monkeypatch):
+    clock = iter([0.0, 3.0, 3.0, 4.0, 4.0, 6.0])  # clock reads: runs of 3, 1 and 2 seconds
+    monkeypatch.setattr(time, "perf_counter", lambda: next(clock))
+    assert time_it(lambda: None, "cpu", repeats=3, warmup=0) == 2.0
+    clock = iter([0.0, 3.0, 3.0, 4.0, 4.0, 6.0])
+    assert time_it(lambda: None, "cpu", repeats=3, warmup=0, summary=min) == 1.0  # a ceiling's: the best
