@@ -430,7 +430,9 @@ def bench(r: dict) -> dict:
         ", --quick (rougher figures)" if b.get("quick") else "") + f", {b['date'][:10]}. {b.get('note', '')}".rstrip()
     profiles = [("One cached decoding step (rope, batch 1, a full window held)", d.get("profile")),
                 ("The same step, compiled", (k or {}).get("profile")),
-                (f"One training step ({b['training'][-1]['kind']})", b["training"][-1].get("profile"))]
+                *[(f"One training step ({t['kind']}, {t.get('dtype', 'float32')}"
+                   f"{', compiled' if t.get('compiled') else ''})", t["profile"])  # the last one profiled
+                  for t in [t for t in b["training"] if t.get("profile")][-1:]]]
 
     def draw(plt):
         fig, (ax1, ax2, ax3) = figure(plt, rows=3, height=3.0)

@@ -104,8 +104,8 @@ def tune_malloc() -> bool:
 
 
 # A training run of at least this many seconds earns back compiling its step, where compiling pays:
-# on this project's CPU the compiled bf16 step ran 1.13x to 1.27x the eager one, float32's 0.99x to
-# 1.07x (results/bench.json, "compiled over eager"), and a ten-minute run that compiled with
+# on this project's CPU the compiled bf16 step ran 1.13x to 1.30x the eager one, float32's 0.99x to
+# 1.09x (results/bench.json, "compiled over eager", now and at commit a58ffb1), and a ten-minute run that compiled with
 # inductor's cache empty still got through more steps than the eager one (docs/pretraining.md,
 # "Ten minutes, as typed").
 COMPILE_PAYS_AFTER_S = 300.0
@@ -117,7 +117,7 @@ def compile_pays(device: torch.device | str, dtype: torch.dtype, seconds: float)
 
     Yes in bf16 on a CPU, for five minutes or more, where inductor can build its C++ loops (Linux or
     macOS, a C++ compiler, Python's headers): what it fuses (the norms, GELU, softmaxes, casts) is
-    much of a bf16 step there. Not in float32 on a CPU (the compiled step is hardly faster), and not
+    much of a bf16 step there. Not in float32 on a CPU (the compiled step is a few percent faster at most), and not
     where it was not measured (a GPU: ask with --compile).
     """
     return (torch.device(device).type == "cpu" and dtype == torch.bfloat16 and seconds >= COMPILE_PAYS_AFTER_S

@@ -74,7 +74,8 @@ def bench_json(full: bool) -> dict:
               "training_batched_attention_speedup": {"rope": 1.25},
               "training_compiled_over_eager": {"rope": {"float32": 1.04, "bfloat16": 1.25}},
               "training": [*b["training"], {**training, "dtype": "bfloat16", "compiled": True, "attention": "sdpa",
-                                            "tokens_per_s": 2400.0, "share_of_peak": 0.6}],
+                                            "tokens_per_s": 2400.0, "share_of_peak": 0.6, "profile": "addmm 40%"},
+                           {**training, "compiled": True, "profile": None}],  # as bench.py: not every row profiled
               "compiled_decoding": {"ms": 3.6, "compile_s": 14.0, "profile": "compiled"}}
     return b
 
@@ -274,6 +275,9 @@ def test_bench_table_tolerates_absent_optional_keys(results):
             "side by side", "", ""] in full
     assert ["training (rope): compiled over eager, side by side", "float32 1.04×, bfloat16 1.25×", "the same step",
             "", ""] in full
+    profiles = report.build(results)[0]["bench-profiles"]  # the training step profiled last, named as run
+    assert "**One training step (rope, bfloat16, compiled)**\n\n```text\naddmm 40%\n```" in profiles
+    assert "mm 58%" not in profiles
     (results / "bench.json").write_text(json.dumps(bench_json(full=False)))
     tables, _ = report.build(results)
     rows = rows_of(tables["bench"])
@@ -281,7 +285,7 @@ def test_bench_table_tolerates_absent_optional_keys(results):
                                     "training (rope, bfloat16, 16×256)", "decoding, sliding cache, 2 threads",
                                     "decoding, re-run window (learned, 256)", "generation, batch 1"]
     assert rows[3][-1] == "" and rows[5][3:] == ["4.00× floor", ""]  # no goals in the JSON: no goal column
-    assert "```text\nmm 58%\n```" in tables["bench-profiles"]
+    assert "**One training step (rope, bfloat16)**\n\n```text\nmm 58%\n```" in tables["bench-profiles"]
 
 
 def test_episode_table_sets_each_episode_figure_beside_ours(results):
