@@ -295,8 +295,8 @@ def mean_over_ranks(value: float, device: torch.device) -> float:
 class StopSignals:
     """Ctrl-C (SIGINT) and SIGTERM ask the loop to stop after the current step, save, and exit.
 
-    Under DDP every rank must follow one clock (the schedule reads it) and stop at the same step,
-    so rank 0's clock and signal decide for all.
+    Under DDP every rank must follow one clock (the schedule reads it) and stop at the same step:
+    rank 0's clock decides for all, and a signal to any rank stops all.
     The previous handlers come back on exit (a test calling main() keeps its own).
     """
 
@@ -314,15 +314,16 @@ class StopSignals:
     def _on_signal(self, signum, frame) -> None:
         self.signal = signum
 
-    def agree(self, elapsed: float, device: torch.device) -> float:
-        """Rank 0's elapsed seconds and signal for every rank; returns the elapsed seconds."""
-        if not dist.is_initialized():
-            return elapsed
-        shared = torch.tensor([elapsed, float(self.signal is not None)], dtype=torch.float64, device=device)
-        dist.broadcast(shared, 0)
-        if shared[1] and self.signal is None:
-            self.signal = signal.SIGTERM
-        return shared[0].item()
+    def agree(self, elapsed: float, device: torch.device) -> tuple[float, bool]:
+        """(elapsed seconds, stop now), the same on every rank: rank 0's clock, and whether any rank
+        has had a signal. A signal arriving after this waits for the next step."""
+        stop = self.signal is not None
+        if dist.is_initialized():  # one sum: rank 0's seconds (the others add 0) and the signals
+            mine = [elapsed if dist.get_rank() == 0 else 0.0, float(stop)]
+            shared = torch.tensor(mine, dtype=torch.float64, device=device)
+            dist.all_reduce(shared)
+            elapsed, stop = shared[0].item(), bool(shared[1])
+        return elapsed, stop
 
 
 class RunLock:
@@ -488,8 +489,7 @@ def train(run: dict, args: argparse.Namespace) -> dict:
         # log: JSONL, TensorBoard, the bar
         log.write(record)
         # checkpoint now and then; stop when the time is up or on a signal (rank 0's clock and signal)
-        elapsed = stop.agree(elapsed, device)
-        stopping = stop.signal is not None  # read once: a signal arriving later waits for the next step
+        elapsed, stopping = stop.agree(elapsed, device)
         saved = step % args.ckpt_every == 0 or stopping
         if saved:
             checkpoint()

@@ -167,27 +167,33 @@ import signal, sys, torch, torch.distributed as dist, pretrain
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 stop = pretrain.StopSignals()
-stop.signal = {signal_on_0} if rank == 0 else None
-elapsed = stop.agree(10.0 + rank, torch.device("cpu"))
+stop.signal = signal.SIGINT if rank == {signalled} else None
+elapsed, stopping = stop.agree(10.0 + rank, torch.device("cpu"))
 loss = pretrain.mean_over_ranks(float("inf") if rank == 1 else 2.0, torch.device("cpu"))
-print(rank, elapsed, stop.signal and int(stop.signal), loss)
+print(rank, elapsed, stopping, loss)
 dist.destroy_process_group()
 """
 
 
-@pytest.mark.parametrize("signal_on_0", [None, signal.SIGINT])
-def test_every_rank_follows_rank_0s_clock_and_signal_and_sees_a_bad_loss(signal_on_0):
+@pytest.mark.parametrize("signalled", [None, 0, 1])
+def test_every_rank_follows_rank_0s_clock_stops_on_any_signal_and_sees_a_bad_loss(signalled):
     """Under DDP the schedule reads rank 0's clock on every rank (else the learning rates part and the
-    ranks stop at different steps, one waiting for the other for good); a non-finite loss on any rank
-    reaches all, so all stop together."""
+    ranks stop at different steps, one waiting for the other for good); a signal to any rank stops
+    all at the same step; a non-finite loss on any rank reaches all, so all stop together."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT / "scripts"), WORLD_SIZE="2",
                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    code = RANKS.format(signal_on_0=int(signal_on_0) if signal_on_0 else None)
-    procs = [subprocess.Popen([sys.executable, "-c", code], env=dict(env, RANK=str(rank)), text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for rank in (0, 1)]
+    procs = [subprocess.Popen([sys.executable, "-c", RANKS.format(signalled=signalled)], text=True,
+                              env=dict(env, RANK=str(rank)), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for rank in (0, 1)]
     lines = [p.communicate(timeout=120)[0].strip() for p in procs]
-    signals = [signal_on_0, signal.SIGTERM if signal_on_0 else None]  # rank 1 is told to stop, not by whom
-    assert lines == [f"{rank} 10.0 {int(s) if s else None} inf" for rank, s in enumerate(signals)]
+    assert lines == [f"{rank} 10.0 {signalled is not None} inf" for rank in (0, 1)]
+
+
+def test_alone_the_clock_and_a_signal_are_the_process_own():
+    stop = pretrain.StopSignals()
+    assert stop.agree(12.5, torch.device("cpu")) == (12.5, False)
+    stop.signal = signal.SIGTERM
+    assert stop.agree(12.5, torch.device("cpu")) == (12.5, True)
 
 
 class FakeClock:
