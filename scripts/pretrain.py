@@ -488,7 +488,7 @@ def train(run: dict, args: argparse.Namespace) -> dict:
             evals.append({"step": step, "val_loss": val_loss, "train_loss": loss_value})
         # log: JSONL, TensorBoard, the bar
         log.write(record)
-        # checkpoint now and then; stop when the time is up or on a signal (rank 0's clock and signal)
+        # checkpoint now and then; stop when the time is up or on a signal (rank 0's clock, any rank's signal)
         elapsed, stopping = stop.agree(elapsed, device)
         saved = step % args.ckpt_every == 0 or stopping
         if saved:
