@@ -185,7 +185,11 @@ def test_every_rank_follows_rank_0s_clock_stops_on_any_signal_and_sees_a_bad_los
     procs = [subprocess.Popen([sys.executable, "-c", RANKS.format(signalled=signalled)], text=True,
                               env=dict(env, RANK=str(rank)), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
              for rank in (0, 1)]
-    lines = [p.communicate(timeout=120)[0].strip() for p in procs]
+    try:
+        lines = [p.communicate(timeout=120)[0].strip() for p in procs]
+    finally:  # neither outlives the test, whatever happened
+        for p in procs:
+            p.kill()
     assert lines == [f"{rank} 10.0 {signalled is not None} inf" for rank in (0, 1)]
 
 
