@@ -52,7 +52,7 @@ def matmul_flops(
     A product this size keeps every core's vector units busy, so it is the most the math library
     gets out of the machine; a training step is mostly matrix products, of smaller shapes. A
     ceiling is the best the machine gave, so the fastest of the repeats: on a shared host the
-    median of three moved by a third from one call to the next (869 to 1,567 GFLOP/s in bf16).
+    median of a few moves a lot from one call to the next (dev/attention_mask.py measures both).
     """
     g = torch.Generator(device=device).manual_seed(0)
     a = torch.randn(n, n, device=device, dtype=dtype, generator=g)
@@ -105,9 +105,9 @@ def tune_malloc() -> bool:
 
 # A training run of at least this many seconds earns back compiling its step, where compiling pays:
 # on this project's CPU the compiled bf16 step ran 1.13x to 1.30x the eager one, float32's 0.99x to
-# 1.09x (results/bench.json, "compiled over eager", now and at commit a58ffb1), and a ten-minute run that compiled with
-# inductor's cache empty still got through more steps than the eager one (docs/pretraining.md,
-# "Ten minutes, as typed").
+# 1.09x (results/bench.json, "compiled over eager", now and at commit a58ffb1), and a ten-minute
+# run that compiled with inductor's cache empty still got through more steps than the eager one
+# (docs/pretraining.md, "Ten minutes, as typed").
 COMPILE_PAYS_AFTER_S = 300.0
 
 
@@ -117,8 +117,8 @@ def compile_pays(device: torch.device | str, dtype: torch.dtype, seconds: float)
 
     Yes in bf16 on a CPU, for five minutes or more, where inductor can build its C++ loops (Linux or
     macOS, a C++ compiler, Python's headers): what it fuses (the norms, GELU, softmaxes, casts) is
-    much of a bf16 step there. Not in float32 on a CPU (the compiled step is a few percent faster at most), and not
-    where it was not measured (a GPU: ask with --compile).
+    much of a bf16 step there. Not in float32 on a CPU (the compiled step is a few percent faster at
+    most), and not where it was not measured (a GPU: ask with --compile).
     """
     return (torch.device(device).type == "cpu" and dtype == torch.bfloat16 and seconds >= COMPILE_PAYS_AFTER_S
             and platform.system() in ("Linux", "Darwin")  # elsewhere inductor wants another toolchain
