@@ -93,7 +93,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--min-lr-ratio", type=float, default=0.1, help="final lr as a share of --lr")
-    p.add_argument("--warmup", type=int, default=100, help="warm-up steps (20 was unstable: docs/pretraining.md)")
+    p.add_argument("--warmup", type=int, default=200, help="warm-up steps (why 200: docs/pretraining.md)")
     p.add_argument("--weight-decay", type=float, default=0.1)
     p.add_argument("--grad-clip", type=float, default=1.0, help="gradient norm clip (0: none)")
     p.add_argument("--max-steps", type=int, help="train this many steps; the schedule follows the steps")
@@ -391,8 +391,8 @@ class RunLog:
             return
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
-        for key, tag in (("loss", "loss/train"), ("lr", "lr"), ("tokens_per_s", "tokens_per_s"),
-                         ("val_loss", "loss/held_out")):
+        for key, tag in (("loss", "loss/train"), ("grad_norm", "grad_norm"), ("lr", "lr"),
+                         ("tokens_per_s", "tokens_per_s"), ("val_loss", "loss/held_out")):
             if key in record:
                 self.writer.add_scalar(tag, record[key], record["step"])
         if "loss" in record:
@@ -469,14 +469,14 @@ def train(run: dict, args: argparse.Namespace) -> dict:
                              f"checkpoint in {out_dir} is kept (try a lower --lr)")
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        if args.grad_clip:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
+        # the gradient's norm, logged before it is clipped (--grad-clip 0: measured, left alone)
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip or math.inf).item()
         optimizer.step()
         step += 1
         dt = clock() - t0
         elapsed += dt
         speeds.append(tokens_per_step / dt)
-        record = {"step": step, "loss": loss_value, "lr": lr, "tokens": step * tokens_per_step,
+        record = {"step": step, "loss": loss_value, "grad_norm": grad_norm, "lr": lr, "tokens": step * tokens_per_step,
                   "tokens_per_s": speeds[-1], "elapsed": elapsed}
         # evaluate on held-out batches now and then (the budget is wall time: evaluations count)
         due = step % args.eval_every == 0 or step == args.max_steps or step in args.eval_at

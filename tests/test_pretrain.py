@@ -1,6 +1,7 @@
 import json
 import math
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -13,6 +14,7 @@ import torch
 from conftest import ROOT
 
 from mvgpt.checkpoint import load_model, read_checkpoint
+from mvgpt.data import get_batch, load_tokens
 from mvgpt.train import lr_at
 
 TINY = ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "16", "--batch-size", "4",
@@ -309,6 +311,25 @@ def test_bf16_autocast_tracks_float32(root):
     state = read_checkpoint(root / "bf16")
     assert state["args"]["dtype"] == "bfloat16"
     assert all(v.dtype == torch.float32 for v in state["model"].values() if v.is_floating_point())
+
+
+def test_the_logged_gradient_norm_is_the_steps_before_clipping(root):
+    """Resumed at step 2, the record of step 3 holds the norm of the gradient of step 3's batch at the
+    weights the checkpoint kept, clipped or not (--grad-clip 0 measures it all the same)."""
+    flags = ("--dtype", "float32", "--no-compile")
+    train(root, "g", "--max-steps", "2", *flags)
+    state = read_checkpoint(root / "g")
+    model = load_model(root / "g")[0]  # float32, eval mode: the tiny model has no dropout to switch off
+    x, y = get_batch(load_tokens(root.parent / "data", "train"), 4, 16, 1337, 2)
+    model(x, y)[1].backward()
+    norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()])).item()
+    for clip in ("1.0", "0"):
+        shutil.copytree(root / "g", root / f"g{clip}")
+        train(root, f"g{clip}", "--max-steps", "3", "--resume", "--grad-clip", clip, *flags)
+        logged = [json.loads(line) for line in (root / f"g{clip}" / "log.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in logged if "grad_norm" in r] == [1, 2, 3]
+        assert logged[-1]["grad_norm"] == pytest.approx(norm, rel=1e-5) and norm > 1.0  # above the clip
+    assert state["step"] == 2
 
 
 def test_json_summary(root):
