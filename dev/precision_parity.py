@@ -9,8 +9,8 @@ Examples:
     python dev/precision_parity.py --eager --json results/precision-eager.json       # bf16 not compiled
     python dev/precision_parity.py --out-dir checkpoints/precision-again --json results/precision-again.json
                                                      # once more: how far compiled bf16 strays from itself
-    python dev/precision_parity.py --every-step 90 112 --out-dir checkpoints/precision-peak \\
-        --json results/precision-peak.json           # each step around the peak: how far one step moves each
+    python dev/precision_parity.py --every-step 190 212 --out-dir checkpoints/precision-peak \\
+        --json /tmp/precision-peak.json              # each step around the peak: how far one step moves each
     python dev/precision_parity.py --max-steps 6 --eval-every 3 --out-dir /tmp/parity \\
         --data-dir /tmp/tinydata -- --n-layer 1 --n-embd 32 --n-head 2 --block-size 16   # tiny, seconds
 """
@@ -69,6 +69,8 @@ def main(argv: list[str] | None = None) -> dict:
         "kind": args.kind,
         "dtypes": ["float32", b["dtype"]],
         "steps": a["steps"],
+        "lr": a["args"]["lr"],  # the schedule both trained with: the peak, and the steps to reach it
+        "warmup": a["args"]["warmup"],
         "rows": rows,
         "every_step": args.every_step,  # [first, last]: evaluated after each of these steps too (or None)
         "max_abs_difference": worst,

@@ -159,9 +159,32 @@ def precision(r: dict) -> dict:
     return {"precision": head(("precision.json", d)) + text + "\n\n" + table(header, rows)}
 
 
+PARITY = [  # every float32-against-bf16 comparison kept: with today's defaults, with 100 warm-up steps, with lr 1.5e-3
+    "precision.json", "precision-again.json", "warmup100/precision.json", "warmup100/precision-again.json",
+    "warmup100/precision-eager.json", "warmup100/precision-peak.json", "lr1.5e-3/precision.json",
+    "lr1.5e-3/precision-again.json",
+]
+
+
+def precision_runs(r: dict) -> dict:
+    """One line per comparison: its settings, and the largest difference, where, and every step outside tolerance."""
+    rows, runs = [], [(name, r[name]) for name in PARITY if name in r]
+    for name, d in runs:
+        worst = max(d["rows"], key=lambda x: abs(x["difference"]))
+        outside = [x["step"] for x in d["rows"] if abs(x["difference"]) > d["tolerance"]]
+        rows.append([f"`{name}`", d["warmup"], f"{d['lr']:g}", "eager" if "--eager" in d["command"] else "compiled",
+                     d["steps"], len(d["rows"]), f"{worst['difference']:+.4f}", worst["step"],
+                     ", ".join(map(str, outside)) or "none"])
+    return {"precision-runs": head(*runs) + "float32 against bf16 from the same seed and batches, with the peak lr "
+            f"and warm-up each comparison trained with; a difference is bf16's loss minus float32's, and the "
+            f"tolerance is {runs[0][1]['tolerance']}.\n\n" + table(
+                ["results/", "--warmup", "--lr", "bf16 step", "steps", "evaluations", "largest difference",
+                 "at step", "steps outside tolerance"], rows)}
+
+
 def precision_peak(r: dict) -> dict:
     """The parity run evaluated after every step around the peak: how far one step moves each run's loss."""
-    d = r["precision-peak.json"]
+    d = r["warmup100/precision-peak.json"]
     other = d["dtypes"][1]
     first, last = d["every_step"]
     dense = [x for x in d["rows"] if first <= x["step"] <= last]  # one row per step
@@ -190,7 +213,7 @@ def precision_peak(r: dict) -> dict:
         fig.tight_layout()
         return fig
 
-    return {"precision-peak": head(("precision-peak.json", d)) + text + "\n\n" + table(
+    return {"precision-peak": head(("warmup100/precision-peak.json", d)) + text + "\n\n" + table(
         ["step", "float32", other, "difference", "float32, one step", f"{other}, one step"], rows),
         "precision-peak.png": draw}
 
@@ -218,11 +241,12 @@ def warmup(r: dict) -> dict:
         + "\n" + commands}
 
 
-SCHEDULE = [  # the rope model's full 1000-step runs with the code of e04d528: the main job's then, again, and
-    # with one setting changed
+SCHEDULE = [  # the rope model's full 1000-step runs: with the code of e04d528, the main job's then, again, and with
+    # one setting changed; then the main job's with the faster step (e97d475), and the same with 200 warm-up steps
     "schedule/pretrain-rope.json", "schedule/pretrain-rope-again.json", "lr1.5e-3/pretrain-rope.json",
     "lr1.5e-3/pretrain-rope-repeat.json", "schedule/pretrain-rope-warmup50.json",
-    "schedule/pretrain-rope-min0.json", "schedule/pretrain-rope-min0.3.json",
+    "schedule/pretrain-rope-min0.json", "schedule/pretrain-rope-min0.3.json", "warmup100/pretrain-rope.json",
+    "schedule/pretrain-rope-warmup200.json",
 ]
 
 
@@ -659,7 +683,8 @@ OUTPUTS: list[tuple[tuple[str, ...], tuple[str, ...], Callable[[dict], dict], tu
     (tuple(RUNS), (), training, ("training", "training-loss.png")),
     (("evaluate.json",), (), evaluate, ("evaluate",)),
     (("precision.json",), ("precision-again.json",), precision, ("precision",)),
-    (("precision-peak.json",), (), precision_peak, ("precision-peak", "precision-peak.png")),
+    ((PARITY[0],), tuple(PARITY[1:]), precision_runs, ("precision-runs",)),
+    (("warmup100/precision-peak.json",), (), precision_peak, ("precision-peak", "precision-peak.png")),
     (("warmup.json",), (), warmup, ("warmup",)),
     ((SCHEDULE[0],), tuple(SCHEDULE[1:]), schedule, ("schedule",)),
     (("attention.json",), (), attention, ("attention",)),

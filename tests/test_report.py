@@ -186,6 +186,22 @@ def test_precision_table_sets_a_second_run_beside_the_first():
            "runs were up to 0.0900 apart." in table
 
 
+def test_precision_runs_table_gives_each_comparisons_settings_and_worst_step():
+    def run(command: str, warmup: int, diffs: list[float]) -> dict:
+        rows = [{"step": s, "float32": 4.0, "bfloat16": 4.0 + x, "difference": x}
+                for s, x in zip((100, 200, 300), diffs, strict=True)]
+        return {"command": command, "machine": MACHINE, "kind": "rope", "dtypes": ["float32", "bfloat16"],
+                "steps": 300, "lr": 2e-3, "warmup": warmup, "rows": rows, "tolerance": 0.03,
+                "max_abs_difference": max(map(abs, diffs)), "within_tolerance": max(map(abs, diffs)) <= 0.03}
+    r = {"precision.json": run("python dev/precision_parity.py", 200, [0.01, -0.02, 0.0]),
+         "warmup100/precision-eager.json": run("python dev/precision_parity.py --eager", 100, [-0.05, 0.04, 0.01])}
+    out = report.precision_runs(r)["precision-runs"]
+    assert rows_of(out)[1:] == [
+        ["`precision.json`", "200", "0.002", "compiled", "300", "3", "-0.0200", "200", "none"],
+        ["`warmup100/precision-eager.json`", "100", "0.002", "eager", "300", "3", "-0.0500", "100", "100, 200"]]
+    assert "the tolerance is 0.03." in out and "`results/warmup100/precision-eager.json`" in out
+
+
 def test_precision_peak_table_gives_each_runs_move_in_one_step():
     f32 = {25: 5.0, 99: 4.10, 100: 4.15, 101: 4.11, 200: 3.5}
     bf16 = {25: 5.0, 99: 4.11, 100: 4.10, 101: 4.085, 200: 3.5}
@@ -193,7 +209,7 @@ def test_precision_peak_table_gives_each_runs_move_in_one_step():
     d = {"command": "python dev/precision_parity.py --every-step 99 101", "machine": MACHINE, "kind": "rope",
          "dtypes": ["float32", "bfloat16"], "steps": 200, "rows": rows, "every_step": [99, 101],
          "max_abs_difference": 0.05, "tolerance": 0.03, "within_tolerance": False}
-    out = report.precision_peak({"precision-peak.json": d})
+    out = report.precision_peak({"warmup100/precision-peak.json": d})
     assert rows_of(out["precision-peak"])[1:] == [  # only the steps evaluated one by one
         ["99", "4.1000", "4.1100", "+0.0100", "", ""],
         ["100", "4.1500", "4.1000", "-0.0500", "+0.0500", "-0.0100"],
