@@ -469,15 +469,16 @@ def train(run: dict, args: argparse.Namespace) -> dict:
                              f"checkpoint in {out_dir} is kept (try a lower --lr)")
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        # the gradient's norm, logged before it is clipped (--grad-clip 0: measured, left alone)
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip or math.inf).item()
+        # the gradient's norm, logged before it is clipped (--grad-clip 0: measured, left alone); read
+        # after the update, so a GPU is not made to wait for it before the optimizer's kernels go in
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip or math.inf)
         optimizer.step()
         step += 1
         dt = clock() - t0
         elapsed += dt
         speeds.append(tokens_per_step / dt)
-        record = {"step": step, "loss": loss_value, "grad_norm": grad_norm, "lr": lr, "tokens": step * tokens_per_step,
-                  "tokens_per_s": speeds[-1], "elapsed": elapsed}
+        record = {"step": step, "loss": loss_value, "grad_norm": grad_norm.item(), "lr": lr,
+                  "tokens": step * tokens_per_step, "tokens_per_s": speeds[-1], "elapsed": elapsed}
         # evaluate on held-out batches now and then (the budget is wall time: evaluations count)
         due = step % args.eval_every == 0 or step == args.max_steps or step in args.eval_at
         if due:
