@@ -160,9 +160,9 @@ def precision(r: dict) -> dict:
 
 
 PARITY = [  # every float32-against-bf16 comparison kept: with today's defaults, with 100 warm-up steps, with lr 1.5e-3
-    "precision.json", "precision-again.json", "warmup100/precision.json", "warmup100/precision-again.json",
-    "warmup100/precision-eager.json", "warmup100/precision-peak.json", "lr1.5e-3/precision.json",
-    "lr1.5e-3/precision-again.json",
+    "precision.json", "precision-again.json", "precision-third.json", "warmup100/precision.json",
+    "warmup100/precision-again.json", "warmup100/precision-eager.json", "warmup100/precision-peak.json",
+    "lr1.5e-3/precision.json", "lr1.5e-3/precision-again.json",
 ]
 
 
@@ -488,7 +488,32 @@ def bench(r: dict) -> dict:
 
     return {"bench": head(("bench.json", b)) + body + "\n",
             "bench-profiles": "".join(f"**{t}**\n\n```text\n{p.strip()}\n```\n\n" for t, p in profiles if p),
+            "bench-parts": head(("bench.json", b)) + step_parts(b["training"]),
             "bench.png": draw}
+
+
+def step_parts(training: list[dict]) -> str:
+    """Each profiled training step's time by part (mvgpt.perf.time_by_part), a column per step."""
+    steps = [t for t in training if t.get("profile_parts")]
+    if not steps:
+        return "No step's time by part in this bench (made before bench.py measured it).\n"
+    # in the order of the last step (largest first), then any only the others have
+    parts = list(dict.fromkeys([*steps[-1]["profile_parts"], *(p for t in steps for p in t["profile_parts"])]))
+    totals = [sum(t["profile_parts"].values()) for t in steps]
+
+    def cell(t: dict, total: float, part: str) -> str:
+        seconds = t["profile_parts"].get(part)
+        return "" if seconds is None else f"{seconds * 1e3:,.1f} ms ({seconds / total:.0%})"
+
+    header = ["part of the step"] + [f"{t['kind']}, {t['dtype']}{', compiled' if t['compiled'] else ''}"
+                                     for t in steps]
+    rows = [[part] + [cell(t, total, part) for t, total in zip(steps, totals, strict=True)] for part in parts]
+    rows.append(["the parts added up"] + [f"{total * 1e3:,.1f} ms" for total in totals])
+    B, T = steps[-1]["batch"]
+    return (f"A training step ({B} x {T}) under the profiler, its operations' own time summed by part "
+            "(`mvgpt.perf.time_by_part`; a fused kernel counts under the first part its name contains, in the "
+            "order of `STEP_PARTS`), each part the median of three profiled steps. A compiled step was compiled "
+            "once more for this, with its kernels named.\n\n" + table(header, rows))
 
 
 def quoted(text: str, limit: int = 400) -> str:
@@ -701,7 +726,7 @@ OUTPUTS: list[tuple[tuple[str, ...], tuple[str, ...], Callable[[dict], dict], tu
     ((FINETUNE,), (), finetune, ("finetune",)),
     (("lora.json",), (), lora, ("lora",)),
     (("llama_cpp.json",), (), llama_cpp, ("llama-cpp", "llama-cpp-perplexity")),
-    (("bench.json",), (), bench, ("bench", "bench-profiles", "bench.png")),
+    (("bench.json",), (), bench, ("bench", "bench-profiles", "bench-parts", "bench.png")),
     (("episode.json",), (*RUNS, *TEN_MINUTES, "evaluate.json", "context.json", "context-gpu.json"), episode,
      ("episode",)),
     ((), (), rope_speeds, ("rope-speeds",)),

@@ -10,7 +10,8 @@ import shutil
 import statistics
 import sysconfig
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -126,12 +127,11 @@ def compile_pays(device: torch.device | str, dtype: torch.dtype, seconds: float)
             and (Path(sysconfig.get_paths()["include"]) / "Python.h").exists())
 
 
-def profile_table(fn: Callable[[], object], device: torch.device | str, row_limit: int = 15) -> str:
-    """The top operations of one call of fn, by the time spent in each (self time), as a table.
-
-    fn runs once before, so the table shows a warm step, not the first call's set-up.
-    """
-    from torch.profiler import ProfilerActivity, profile
+def profile(fn: Callable[[], object], device: torch.device | str) -> list:
+    """The profiler's events of one call of fn, by operation (key_averages), after one call unprofiled, so
+    they show a warm step, not the first call's set-up."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as profiler
 
     device = torch.device(device)
     activities = [ProfilerActivity.CPU]
@@ -139,11 +139,74 @@ def profile_table(fn: Callable[[], object], device: torch.device | str, row_limi
         activities.append(ProfilerActivity.CUDA)
     fn()
     sync(device)
-    with profile(activities=activities) as prof:
+    with profiler(activities=activities) as prof:
         fn()
         sync(device)
-    sort_by = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
-    return prof.key_averages().table(sort_by=sort_by, row_limit=row_limit)
+    return prof.key_averages()
+
+
+def self_time(event, device: torch.device | str) -> float:
+    """Microseconds an operation spent in itself (not in the operations it called), on the device that ran it."""
+    return event.self_device_time_total if torch.device(device).type == "cuda" else event.self_cpu_time_total
+
+
+def profile_table(events: list, device: torch.device | str, row_limit: int = 15) -> str:
+    """The top operations of a profile (`profile`), by the time spent in each (self time), as a table."""
+    sort_by = "self_device_time_total" if torch.device(device).type == "cuda" else "self_cpu_time_total"
+    return events.table(sort_by=sort_by, row_limit=row_limit)
+
+
+# The parts of a training step, each by the names of its operations. A kernel torch.compile generated
+# is named after the operations it fuses (cpp_fused_..._gelu_gelu_backward_... on a CPU, triton_..._fused_...
+# on a GPU), so it counts under the first part here whose name it contains (in lower case): a kernel
+# fusing the GELU with a norm counts as GELU. The loss comes before attention's softmax, as
+# "_log_softmax" contains "_softmax"; the optimizer's part takes zero_grad and step (AdamW in their names).
+STEP_PARTS = (
+    ("matrix products", ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "gemm")),
+    ("GELU", ("gelu",)),
+    ("the loss", ("log_softmax", "nll_loss", "cross_entropy")),
+    ("attention's softmax", ("_softmax", "softmax_backward")),
+    ("norms", ("layer_norm",)),
+    ("optimizer and clipping", ("adamw", "vector_norm", "_foreach", "aten::mul_")),
+)
+
+
+def step_part(name: str) -> str:
+    """The part of a training step an operation or a fused kernel belongs to (STEP_PARTS), else "everything else"."""
+    name = name.lower()
+    for part, keys in STEP_PARTS:
+        if any(key in name for key in keys):
+            return part
+    return "everything else"
+
+
+def time_by_part(events: list, device: torch.device | str) -> dict[str, float]:
+    """Seconds of a profiled step (`profile`) in each part of it (STEP_PARTS), largest first; they add up to
+    the step's profiled time. A step through torch.compile names its fused kernels only where inductor was
+    asked to record them (`kernel_names`); otherwise they stay inside its graphs' rows, "everything else"."""
+    parts: dict[str, float] = {}
+    for event in events:
+        part = step_part(event.key)
+        parts[part] = parts.get(part, 0.0) + self_time(event, device) / 1e6
+    return dict(sorted(parts.items(), key=lambda kv: -kv[1]))
+
+
+@contextmanager
+def kernel_names() -> Iterator[None]:
+    """While open, what torch.compile compiles records each of its generated CPU kernels by name for the
+    profiler (inductor's cpp.enable_kernel_profile; GPU kernels are recorded anyway): compile and profile
+    inside it, for a profile only, as the compiled code differs from the one timed. Dynamo's compiled
+    code is dropped on the way in (a model compiled before, with the same guards, would be reused
+    unnamed) and on the way out (nothing compiled after reuses the named code, nor can the code
+    compiled inside be called after without compiling again, unnamed)."""
+    import torch._inductor.config as inductor_config
+
+    torch._dynamo.reset()
+    try:
+        with inductor_config.patch({"cpp.enable_kernel_profile": True}):
+            yield
+    finally:
+        torch._dynamo.reset()
 
 
 # ----------------------------------------------------------------------------------------------

@@ -39,6 +39,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from datetime import UTC, datetime
 from typing import TypeVar
 
@@ -57,7 +58,17 @@ from mvgpt.device import pick_device
 from mvgpt.errors import ArgumentParser, positive_int, positive_ints, run_main, writable_file
 from mvgpt.io import write_json
 from mvgpt.model import GPT, GPTConfig, KVCache
-from mvgpt.perf import compile_for_decoding, matmul_flops, memory_bandwidth, profile_table, time_it, tune_malloc
+from mvgpt.perf import (
+    compile_for_decoding,
+    kernel_names,
+    matmul_flops,
+    memory_bandwidth,
+    profile,
+    profile_table,
+    time_by_part,
+    time_it,
+    tune_malloc,
+)
 from mvgpt.precision import CHOICES as DTYPE_CHOICES
 from mvgpt.precision import autocast, dtype_name, resolve_dtype
 from mvgpt.train import configure_optimizer
@@ -102,7 +113,7 @@ def train_step(model: GPT, x: torch.Tensor, y: torch.Tensor, device: torch.devic
 
 
 def bench_training(config: GPTConfig, device: torch.device, batch_size: int, steps: int, peak: float,
-                   headline: torch.dtype, compile: bool = False, profile: bool = True) -> list[dict]:
+                   headline: torch.dtype, compile: bool = False, profiled: bool = True) -> list[dict]:
     """Training steps of one kind in each precision (and compiled), timed side by side: one step of
     each in turn, `steps` rounds, the median of each (the machine's load changes alike)."""
     x = random_tokens((batch_size, config.block_size), config.vocab_size, device, seed=1)
@@ -129,7 +140,7 @@ def bench_training(config: GPTConfig, device: torch.device, batch_size: int, ste
             t.append(time_it(fn, device, repeats=1, warmup=0))
     rows = []
     per_token = training_flops_per_token(config)
-    for (dtype, compiled, batched), fn, t, t_first in zip(variants, steps_fns, times, first, strict=True):
+    for (dtype, compiled, batched), t, t_first in zip(variants, times, first, strict=True):
         seconds = statistics.median(t)
         tokens_per_s = batch_size * config.block_size / seconds
         row = {"kind": "rope" if config.rope else "learned", "dtype": dtype_name(dtype), "compiled": compiled,
@@ -137,13 +148,32 @@ def bench_training(config: GPTConfig, device: torch.device, batch_size: int, ste
                "batch": [batch_size, config.block_size], "step_s": seconds, "tokens_per_s": tokens_per_s,
                "flops_per_token": per_token, "flops": per_token * tokens_per_s,
                "share_of_peak": per_token * tokens_per_s / peak,
-               # profiled as pretrain.py trains: not the step kept for the attention ratio
-               "profile": profile_table(fn, device) if profile and dtype == headline
-               and batched == batched_attention_pays(device, dtype) else ""}
+               "profile": ""}
+        if profiled and dtype == headline and batched == batched_attention_pays(device, dtype):
+            # profiled as pretrain.py trains: not the step kept for the attention ratio
+            row["profile"], row["profile_parts"] = profiled_step(config, x, y, device, dtype, compiled, batched)
         if compiled:
             row["compile_s"] = max(t_first - seconds, 0.0)
         rows.append(row)
     return rows
+
+
+def profiled_step(config: GPTConfig, x: torch.Tensor, y: torch.Tensor, device: torch.device, dtype: torch.dtype,
+                  compiled: bool, batched: bool, repeats: int = 3) -> tuple[str, dict[str, float]]:
+    """The profile of a training step as pretrain.py takes it: the table of its top operations, and its
+    seconds by part (mvgpt.perf.time_by_part), each part's median over `repeats` profiled steps (one
+    step's profile can catch a stall of the machine); the table is the step whose total is the median.
+    A compiled step is compiled once more for it, with its kernels named (mvgpt.perf.kernel_names), so
+    the table shows what each fused loop costs."""
+    with kernel_names() if compiled else nullcontext():
+        fn = train_step(make_model(config, device, train=True), x, y, device, dtype, compiled, batched)
+        profiles = [profile(fn, device) for _ in range(repeats)]  # the first call, not profiled, compiles it
+    by_part = [time_by_part(events, device) for events in profiles]
+    parts = {part: statistics.median(p.get(part, 0.0) for p in by_part) for part in by_part[0]}
+    totals = [sum(p.values()) for p in by_part]
+    middle = profiles[totals.index(statistics.median_low(totals))]
+    return (profile_table(middle, device, row_limit=25 if compiled else 15),
+            dict(sorted(parts.items(), key=lambda kv: -kv[1])))
 
 
 def attention(device: torch.device, dtype: torch.dtype) -> str:
@@ -236,7 +266,7 @@ def bench_compiled_decoding(model: GPT, device: torch.device, tokens: int, repea
             caches[1].slide(window - 1)
             fast(stream[:, :1], cache=caches[1], last_only=True)
 
-        profile = profile_table(compiled_step, device)
+        profile_text = profile_table(profile(compiled_step, device), device)
     return {
         "compile_s": compile_s,
         "ms": ms,
@@ -244,7 +274,7 @@ def bench_compiled_decoding(model: GPT, device: torch.device, tokens: int, repea
         "speedup": eager_ms / ms,
         "break_even_tokens": compile_s / (saved / 1e3) if saved > 0 else None,
         "max_abs_logit_diff": diff,
-        "profile": profile,
+        "profile": profile_text,
     }
 
 
@@ -299,7 +329,7 @@ def measure_decoding(rope: GPTConfig, learned: GPTConfig, device: torch.device, 
             cache.slide(window - 1)
             rope_model(token, cache=cache, last_only=True)
 
-        profile = profile_table(decode_step, device)
+        profile_text = profile_table(profile(decode_step, device), device)
     return {
         "dtype": dtype_name(dtype),
         "cached_ms": cached_ms,
@@ -315,7 +345,7 @@ def measure_decoding(rope: GPTConfig, learned: GPTConfig, device: torch.device, 
         "cached_over_floor": cached_ms / floor_ms,
         "best_cached_over_floor": cached_by_threads[best_threads] / floor_ms,
         "rerun_over_cached": rerun_ms / cached_ms,
-        "profile": profile,
+        "profile": profile_text,
     }
 
 

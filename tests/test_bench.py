@@ -94,6 +94,11 @@ def test_bench_runs_end_to_end_and_writes_its_figures(tmp_path):
     assert saved["machine"] in table and saved["command"] in table
     assert all(f"| training ({t['kind']}, " in table for t in saved["training"])
     assert "```text" in (docs / "results" / "bench-profiles.md").read_text()
+    parts = (docs / "results" / "bench-parts.md").read_text()  # the profiled steps (bf16, eager), by part
+    assert "| part of the step | learned, bfloat16 | rope, bfloat16 |" in parts
+    cells = [f"{p['matrix products'] * 1e3:,.1f} ms ({p['matrix products'] / sum(p.values()):.0%})"
+             for p in (saved["training"][1]["profile_parts"], saved["training"][3]["profile_parts"])]
+    assert f"| matrix products | {cells[0]} | {cells[1]} |" in parts
     assert (docs / "figures" / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -112,17 +117,35 @@ def test_training_bench_times_the_compiled_bf16_step_with_each_attention_side_by
         ("float32", False, "sdpa"), ("bfloat16", False, "batched"),
         ("bfloat16", True, "sdpa"), ("bfloat16", True, "batched"),  # the step pretrain.py --compile takes
         ("float32", True, "sdpa")]  # and compiled in float32, for what compiling buys there
+    # the three steps timed, then the compiled bf16 step once more for its profile, with its kernels named
     assert [m.blocks[0].attn.attend for m in models] == [causal_attention, batched_causal_attention,
-                                                         causal_attention]
+                                                         causal_attention, batched_causal_attention]
     assert all(r["tokens_per_s"] == 2 * 16 / r["step_s"] for r in rows)
     # profiled: the headline precision's steps as pretrain.py takes them, not the one kept for the ratio
     assert [bool(r["profile"]) for r in rows] == [False, True, False, True, False]
+    assert all(r["profile_parts"]["matrix products"] > 0 for r in rows if r["profile"])
     # where the batched products do not pay (a device without them) no extra row, and the compiled step profiled
     monkeypatch.setattr(bench, "batched_attention_pays", lambda device, dtype: False)
     rows = bench.bench_training(tiny_config(), torch.device("cpu"), 2, 1, 1e12, torch.bfloat16, compile=True)
     assert [(r["dtype"], r["compiled"], r["attention"]) for r in rows] == [
         ("float32", False, "sdpa"), ("bfloat16", False, "sdpa"), ("bfloat16", True, "sdpa"), ("float32", True, "sdpa")]
     assert [bool(r["profile"]) for r in rows] == [False, True, True, False]
+
+
+def test_a_profiled_steps_parts_add_up_to_its_table_and_are_each_the_median_of_the_profiles(monkeypatch):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import bench
+
+    x, y = (torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(s)) for s in (1, 2))
+    table, parts = bench.profiled_step(tiny_config(), x, y, torch.device("cpu"), torch.bfloat16, False, True,
+                                       repeats=1)
+    assert f"Self CPU time total: {sum(parts.values()) * 1e3:.3f}ms" in table  # one profile: they add up
+    assert parts["matrix products"] > 0 and list(parts.values()) == sorted(parts.values(), reverse=True)
+    seen = iter([{"matrix products": 3.0, "GELU": 1.0}, {"matrix products": 9.0, "GELU": 2.0},
+                 {"matrix products": 4.0, "GELU": 8.0}])  # the second step stalled in its products
+    monkeypatch.setattr(bench, "time_by_part", lambda events, device: next(seen))
+    _, parts = bench.profiled_step(tiny_config(), x, y, torch.device("cpu"), torch.bfloat16, False, True)
+    assert parts == {"matrix products": 4.0, "GELU": 2.0}
 
 
 def test_compiled_over_eager_compares_each_precisions_step_as_pretrain_takes_it():
