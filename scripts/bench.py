@@ -169,7 +169,8 @@ def profiled_step(config: GPTConfig, x: torch.Tensor, y: torch.Tensor, device: t
         fn = train_step(make_model(config, device, train=True), x, y, device, dtype, compiled, batched)
         profiles = [profile(fn, device) for _ in range(repeats)]  # the first call, not profiled, compiles it
     by_part = [time_by_part(events, device) for events in profiles]
-    parts = {part: statistics.median(p.get(part, 0.0) for p in by_part) for part in by_part[0]}
+    parts = {part: statistics.median(p.get(part, 0.0) for p in by_part)
+             for part in dict.fromkeys(part for p in by_part for part in p)}
     totals = [sum(p.values()) for p in by_part]
     middle = profiles[totals.index(statistics.median_low(totals))]
     return (profile_table(middle, device, row_limit=25 if compiled else 15),
