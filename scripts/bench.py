@@ -18,7 +18,9 @@ so what is compared is a ratio, not two numbers from different days:
 - generation with the cache at batch 1, 8, 32, tokens/s, against the same floor;
 - with --compile, the cached step through torch.compile (mvgpt.perf.compile_for_decoding): its
   compile time, its speed, and after how many tokens it pays for itself;
-- torch.profiler tables of one cached decoding step and one training step: what bounds each.
+- torch.profiler tables of one cached decoding step and one training step: what bounds each; and
+  each profiled training step's time by part (matrix products, GELU, the norms, the loss, ...:
+  mvgpt.perf.time_by_part), a compiled step compiled again with inductor's loops named for it.
 
 --dtype picks the headline precision (auto: bf16 where the hardware has it): the goal rows, the
 profiles and generation use it; training and decoding are measured in both.
