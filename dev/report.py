@@ -32,7 +32,14 @@ FINETUNE = "pretrain-rope-ctx1024-linear.json"
 TEN_MINUTES = {  # the episode's commands as a learner types them: ten minutes by the clock, the step compiled where
     # that pays (the default), and the rope run once more without compiling
     "ten-minutes/pretrain.json": "learned positions", "ten-minutes/pretrain-rope.json": "rotary embeddings",
-    "ten-minutes/pretrain-rope-eager.json": "rotary embeddings, --no-compile"}
+    "ten-minutes/pretrain-rope-eager.json": "rotary embeddings, --no-compile",
+    # the same commands on the other CPU a session ran on (an AMD EPYC without AMX), kept beside ours
+    "amd-epyc/ten-minutes/pretrain.json": "learned positions",
+    "amd-epyc/ten-minutes/pretrain-rope.json": "rotary embeddings",
+    "amd-epyc/ten-minutes/pretrain-rope-eager.json": "rotary embeddings, --no-compile"}
+OTHER_BENCHES = ("amd-epyc/bench.json",)  # scripts/bench.py on another CPU, set beside results/bench.json
+LINEAR_PRODUCTS = {"linear_products.json": "linear-products",  # dev/linear_products.py on each CPU: its table
+                   "amd-epyc/linear_products.json": "linear-products-amd-epyc"}
 Draw = Callable  # draw(plt) -> a matplotlib figure
 
 
@@ -114,14 +121,20 @@ def training(r: dict) -> dict:
     return {"training": head(*runs.items()) + body, "training-loss.png": draw}
 
 
+def cpu(machine: str) -> str:
+    """A machine line's first part, the processor, without trademarks: 'Intel Xeon (AVX512)'."""
+    return re.sub(r"\((R|TM)\)| Processor", "", machine.split(",")[0])
+
+
 def ten_minutes(r: dict) -> dict:
     runs = [(name, r[name]) for name in TEN_MINUTES if name in r]
-    rows = [[TEN_MINUTES[n], "compiled" if d["args"]["compile"] else "eager", d["dtype"], f"{d['steps']:,}",
-             f"{d['tokens']:,}", f"{d['seconds'] / 60:.1f}", f"{d['tokens_per_s']:,.0f}", f"{d['val_loss']:.4f}"]
-            for n, d in runs]
+    rows = [[TEN_MINUTES[n], cpu(d["machine"]), "compiled" if d["args"]["compile"] else "eager", d["dtype"],
+             f"{d['steps']:,}", f"{d['tokens']:,}", f"{d['seconds'] / 60:.1f}", f"{d['tokens_per_s']:,.0f}",
+             f"{d['val_loss']:.4f}"] for n, d in runs]
     return {"ten-minutes": head(*runs) + "Each run trains until its ten minutes are up (compiling and evaluating "
             "count against them); tokens/s is the median step's.\n\n"
-            + table(["run", "mode", "dtype", "steps", "tokens", "minutes", "tokens/s", "held-out loss"], rows, "lll")}
+            + table(["run", "machine", "mode", "dtype", "steps", "tokens", "minutes", "tokens/s", "held-out loss"],
+                    rows, "llll")}
 
 
 def evaluate(r: dict) -> dict:
@@ -273,16 +286,21 @@ def attention(r: dict) -> dict:
             + table(["kernel", "ms", "time / flash bf16"], rows)}
 
 
-def linear_products(r: dict) -> dict:
-    d = r["linear_products.json"]
-    rows = [[x["layer"], x["product"], f"{x['ms']:.2f}", "" if x["tflops"] is None else f"{x['tflops']:.2f}",
-             "" if x["over_square"] is None else f"{x['over_square']:.2f}"] for x in d["rows"]]
-    return {"linear-products": head(("linear_products.json", d)) + f"Each linear layer's products at "
-            f"{d['rows_per_step']:,} rows in bf16, and the square product bench.py takes its peak from, timed among "
-            f"them; the median of {d['rounds']} rounds taken side by side. A step's products (each layer's three, "
-            f"times the layers) at these speeds: {d['step_ms']:.0f} ms; all at the square product's rate: "
-            f"{d['step_ms_at_square_rate']:.0f} ms.\n\n"
-            + table(["layer", "product", "ms", "TFLOP/s", "× the square's"], rows, "ll")}
+def linear_products(name: str, output: str) -> Callable[[dict], dict]:
+    """dev/linear_products.py's JSON `name` (one per machine measured) as the table `output`."""
+
+    def write(r: dict) -> dict:
+        d = r[name]
+        rows = [[x["layer"], x["product"], f"{x['ms']:.2f}", "" if x["tflops"] is None else f"{x['tflops']:.2f}",
+                 "" if x["over_square"] is None else f"{x['over_square']:.2f}"] for x in d["rows"]]
+        return {output: head((name, d)) + f"Each linear layer's products at "
+                f"{d['rows_per_step']:,} rows in bf16, and the square product bench.py takes its peak from, timed "
+                f"among them; the median of {d['rounds']} rounds taken side by side. A step's products (each layer's "
+                f"three, times the layers) at these speeds: {d['step_ms']:.0f} ms; all at the square product's rate: "
+                f"{d['step_ms_at_square_rate']:.0f} ms.\n\n"
+                + table(["layer", "product", "ms", "TFLOP/s", "× the square's"], rows, "ll")}
+
+    return write
 
 
 def context(r: dict) -> dict:
@@ -490,6 +508,40 @@ def bench(r: dict) -> dict:
             "bench-profiles": "".join(f"**{t}**\n\n```text\n{p.strip()}\n```\n\n" for t, p in profiles if p),
             "bench-parts": head(("bench.json", b)) + step_parts(b["training"]),
             "bench.png": draw}
+
+
+def bench_machines(r: dict) -> dict:
+    """The bench's ceilings and its fastest training step of each kind on every CPU measured, a column each."""
+    benches = [(n, r[n]) for n in ("bench.json", *OTHER_BENCHES) if n in r]
+
+    def peak(b: dict, key: str) -> str:
+        c = b["ceilings"]
+        if key not in c:
+            return "–"
+        times = f" ({c[key] / c['matmul_fp32_flops']:.1f}× fp32)" if key != "matmul_fp32_flops" else ""
+        return f"{c[key] / 1e9:,.1f} GFLOP/s{times}"
+
+    def fastest(b: dict, kind: str) -> str:
+        t = max((t for t in b["training"] if t["kind"] == kind), key=lambda t: t["tokens_per_s"], default=None)
+        if t is None:
+            return "–"
+        how = ", ".join([t.get("dtype", "float32"), *(["compiled"] if t.get("compiled") else [])])
+        return f"{t['tokens_per_s']:,.0f} tokens/s = {t['share_of_peak']:.2f} of peak ({how})"
+
+    def products(b: dict) -> str:
+        steps = [t for t in b["training"] if t.get("profile_parts") and t["kind"] == "rope"]
+        if not steps:
+            return "–"
+        parts = steps[-1]["profile_parts"]
+        return f"{parts.get('matrix products', 0.0) / sum(parts.values()):.0%} of {sum(parts.values()) * 1e3:,.0f} ms"
+
+    rows = [["fp32 matmul peak", *(peak(b, "matmul_fp32_flops") for _, b in benches)],
+            ["bf16 matmul peak", *(peak(b, "matmul_bf16_flops") for _, b in benches)],
+            *[[f"training, {kind}: the fastest step", *(fastest(b, kind) for _, b in benches)]
+              for kind in ("learned", "rope")],
+            ["the matrix products' share of the last profiled rope step", *(products(b) for _, b in benches)],
+            ["measured", *(b["date"][:10] for _, b in benches)]]
+    return {"bench-machines": head(*benches) + table(["figure", *(cpu(b["machine"]) for _, b in benches)], rows)}
 
 
 def step_parts(training: list[dict]) -> str:
@@ -713,7 +765,7 @@ OUTPUTS: list[tuple[tuple[str, ...], tuple[str, ...], Callable[[dict], dict], tu
     (("warmup.json",), (), warmup, ("warmup",)),
     ((SCHEDULE[0],), tuple(SCHEDULE[1:]), schedule, ("schedule",)),
     (("attention.json",), (), attention, ("attention",)),
-    (("linear_products.json",), (), linear_products, ("linear-products",)),
+    *[((name,), (), linear_products(name, output), (output,)) for name, output in LINEAR_PRODUCTS.items()],
     (("context.json",), (), context, ("context", "context-loss.png")),
     (("data.json",), (), data, ("data",)),
     (("sweep.json",), (), sweep, ("sweep", "memory", "sweep.png")),
@@ -727,6 +779,7 @@ OUTPUTS: list[tuple[tuple[str, ...], tuple[str, ...], Callable[[dict], dict], tu
     (("lora.json",), (), lora, ("lora",)),
     (("llama_cpp.json",), (), llama_cpp, ("llama-cpp", "llama-cpp-perplexity")),
     (("bench.json",), (), bench, ("bench", "bench-profiles", "bench-parts", "bench.png")),
+    (("bench.json",), OTHER_BENCHES, bench_machines, ("bench-machines",)),
     (("episode.json",), (*RUNS, *TEN_MINUTES, "evaluate.json", "context.json", "context-gpu.json"), episode,
      ("episode",)),
     ((), (), rope_speeds, ("rope-speeds",)),

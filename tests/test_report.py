@@ -328,12 +328,40 @@ def test_ten_minutes_table_from_the_commands_as_typed(results):
     assert text.startswith("From `results/ten-minutes/pretrain.json` (made by `python scripts/pretrain.py "
                            "--minutes 10`), `results/ten-minutes/pretrain-rope.json` (made by")
     rows = rows_of(text)
-    assert rows[1] == ["learned positions", "eager", "bfloat16", "700", f"{700 * 4096:,}", "10.0",
+    assert rows[1] == ["learned positions", "Made-up CPU", "eager", "bfloat16", "700", f"{700 * 4096:,}", "10.0",
                        f"{700 * 4096 / 600.5:,.0f}", "2.5000"]
-    assert rows[2][:4] == ["rotary embeddings", "compiled", "bfloat16", "650"] and len(rows) == 3  # no eager rope run
+    assert rows[2][:5] == ["rotary embeddings", "Made-up CPU", "compiled", "bfloat16", "650"] and len(rows) == 3
     (results / "ten-minutes" / "pretrain-rope-eager.json").write_text(json.dumps(pretrain_json("learned", 500, 0.75)))
-    assert rows_of(report.build(results)[0]["ten-minutes"])[3][:4] == ["rotary embeddings, --no-compile", "eager",
-                                                                        "bfloat16", "500"]
+    other = {**pretrain_json("rope", 400, 1.0), "machine": "Other CPU (AVX2), 2 threads, torch x, cpu"}
+    (results / "amd-epyc" / "ten-minutes").mkdir(parents=True)
+    (results / "amd-epyc" / "ten-minutes" / "pretrain-rope.json").write_text(json.dumps(other))
+    text = report.build(results)[0]["ten-minutes"]
+    rows = rows_of(text)  # the eager run after the two, then the other CPU's runs, each naming its CPU
+    assert [r[:5] for r in rows[3:]] == [["rotary embeddings, --no-compile", "Made-up CPU", "eager", "bfloat16", "500"],
+                                         ["rotary embeddings", "Other CPU (AVX2)", "compiled", "bfloat16", "400"]]
+    assert "Machine: Made-up CPU, 2 threads, torch x, cpu; Other CPU (AVX2), 2 threads, torch x, cpu" in text
+
+
+def test_bench_machines_sets_each_cpus_peaks_and_fastest_step_side_by_side(results):
+    rows = rows_of(report.build(results)[0]["bench-machines"])
+    assert rows == [["figure", "Made-up CPU"], ["fp32 matmul peak", "160.0 GFLOP/s"],
+                    ["bf16 matmul peak", "380.0 GFLOP/s (2.4× fp32)"],
+                    ["training, learned: the fastest step", "–"],
+                    ["training, rope: the fastest step", "3,000 tokens/s = 0.50 of peak (bfloat16)"],
+                    ["the matrix products' share of the last profiled rope step", "–"],
+                    ["measured", "2026-12-01"]]
+    other = bench_json(full=False) | {"machine": "Other CPU (AVX2), 2 threads", "date": "2026-12-02T11:00:00+00:00"}
+    other["training"] = [{**t, "profile_parts": {"matrix products": 0.3, "GELU": 0.1}} for t in other["training"]]
+    (results / "amd-epyc").mkdir()
+    (results / "amd-epyc" / "bench.json").write_text(json.dumps(other))
+    text = report.build(results)[0]["bench-machines"]
+    rows = rows_of(text)
+    assert rows[0] == ["figure", "Made-up CPU", "Other CPU (AVX2)"]
+    assert rows[2] == ["bf16 matmul peak", "380.0 GFLOP/s (2.4× fp32)", "–"]
+    assert rows[5] == ["the matrix products' share of the last profiled rope step", "–", "75% of 400 ms"]
+    assert rows[6] == ["measured", "2026-12-01", "2026-12-02"]
+    assert "`results/amd-epyc/bench.json`" in text
+    assert report.cpu("Intel(R) Xeon(R) Processor (AVX512), 2 threads, torch x, cpu") == "Intel Xeon (AVX512)"
 
 
 def test_missing_inputs_give_placeholders_and_the_code_tables_are_still_made(tmp_path):
@@ -501,9 +529,13 @@ def test_linear_products_table_gives_each_product_beside_the_square():
              "over_square": None}]
     d = {"command": "python dev/linear_products.py", "machine": MACHINE, "rows_per_step": 4096, "rounds": 15,
          "rows": rows, "step_ms": 314.2, "step_ms_at_square_rate": 286.6}
-    table = report.linear_products({"linear_products.json": d})["linear-products"]
+    table = report.linear_products("linear_products.json", "linear-products")({"linear_products.json": d})[
+        "linear-products"]
     assert rows_of(table)[1:] == [["square", "2048 x 2048 product", "14.00", "1.25", "1.00"],
                                   ["MLP up", "weight's gradient, dY^T x", "5.75", "0.84", "0.67"],
                                   ["MLP up", "the copy making dY^T contiguous", "16.50", "", ""]]
     assert "at these speeds: 314 ms; all at the square product's rate: 287 ms" in table
     assert "4,096 rows" in table and "median of 15 rounds" in table
+    other = report.linear_products("amd-epyc/linear_products.json", "linear-products-amd-epyc")
+    table = other({"amd-epyc/linear_products.json": d})["linear-products-amd-epyc"]  # another machine's, by name
+    assert table.startswith("From `results/amd-epyc/linear_products.json` (made by `python dev/linear_products.py`)")
