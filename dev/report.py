@@ -440,7 +440,8 @@ def bench(r: dict) -> dict:
     for t in b["training"] + untuned:
         batch = t.get("batch") or b["training"][0]["batch"]  # the untuned-malloc row runs the same batch
         label = ", ".join([t["kind"], *([t["dtype"]] if t.get("dtype") else []),
-                           *(["compiled"] if t.get("compiled") else []),
+                           *([f"compiled ({t['compile_s']:.0f} s)" if t.get("compile_s") is not None else "compiled"]
+                             if t.get("compiled") else []),
                            *(["PyTorch's attention kernel"] if t.get("compiled") and t.get("attention") == "sdpa"
                              and t.get("dtype") == "bfloat16" and b.get("training_batched_attention_speedup")
                              else []), "×".join(map(str, batch))])
@@ -453,17 +454,29 @@ def bench(r: dict) -> dict:
     rows += [[f"training ({kind}, compiled bf16): attention's batched products over PyTorch's kernel",
               f"{ratio:.2f}× the tokens/s", "side by side", "", ""]
              for kind, ratio in b.get("training_batched_attention_speedup", {}).items()]
-    floor = f"floor {d['floor_ms']:.2f} ms"
+    # batch-1 decoding with the cache: in each precision (its own floor), by threads, and compiled (float32)
+    for name, ms in d.get("cached_ms_by_dtype", {}).items():
+        floor_ms = d["floor_ms_by_dtype"][name]
+        rows.append([f"decoding, sliding cache, {name} weights", f"{ms:.2f} ms/token", f"floor {floor_ms:.2f} ms",
+                     f"{ms / floor_ms:.2f}× floor", goal("cached_over_floor", "≤ {:g}×")])
+    headline = f"{d['dtype']}, " if d.get("dtype") else ""
     for n, ms in d["cached_ms_by_threads"].items():
-        rows.append([f"decoding, sliding cache, {n} thread{'s' * (int(n) > 1)}", f"{ms:.2f} ms/token", floor,
-                     f"{ms / d['floor_ms']:.2f}× floor", goal("cached_over_floor", "≤ {:g}×")])
+        rows.append([f"decoding, sliding cache, {headline}{n} thread{'s' * (int(n) > 1)}", f"{ms:.2f} ms/token",
+                     f"floor {d['floor_ms']:.2f} ms", f"{ms / d['floor_ms']:.2f}× floor",
+                     goal("cached_over_floor", "≤ {:g}×")])
     k = b.get("compiled_decoding")
     if k:
-        rows.append(["decoding, sliding cache, compiled", f"{k['ms']:.2f} ms/token (compiling: {k['compile_s']:.0f} s)",
-                     floor, f"{k['ms'] / d['floor_ms']:.2f}× floor", goal("cached_over_floor", "≤ {:g}×")])
+        floor_ms = d.get("floor_ms_by_dtype", {}).get("float32", d["floor_ms"])
+        pays = f"pays after {k['break_even_tokens']:,.0f} tokens" if k.get("break_even_tokens") else "never pays"
+        side = (f", {k['speedup']:.2f}× the eager step's {k['eager_ms']:.2f} side by side: {pays}"
+                if "speedup" in k else "")
+        rows.append(["decoding, sliding cache, float32, compiled",
+                     f"{k['ms']:.2f} ms/token (compiling: {k['compile_s']:.0f} s{side})", f"floor {floor_ms:.2f} ms",
+                     f"{k['ms'] / floor_ms:.2f}× floor", goal("cached_over_floor", "≤ {:g}×")])
+    floors = f" ({d['floors_ratio']:.1f}× the cache's floor)" if "floors_ratio" in d else ""
     rows.append([f"decoding, re-run window (learned, {b['config']['block_size']})", f"{d['rerun_ms']:.1f} ms/token",
-                 f"compute floor {d['rerun_compute_floor_ms']:.1f} ms", f"{d['rerun_over_cached']:.1f}× the cache",
-                 goal("rerun_over_cached", "≥ {:g}×")])
+                 f"compute floor {d['rerun_compute_floor_ms']:.1f} ms{floors}",
+                 f"{d['rerun_over_cached']:.1f}× the cache", goal("rerun_over_cached", "≥ {:g}×")])
     rows += [[f"generation, batch {g['batch']}", f"{g['tokens_per_s']:,.0f} tokens/s",
               f"floor {g['floor_tokens_per_s']:,.0f}", f"{g['share_of_floor']:.2f} of floor", ""]
              for g in b["generation"]]
@@ -511,7 +524,8 @@ def bench(r: dict) -> dict:
 
 
 def bench_machines(r: dict) -> dict:
-    """The bench's ceilings and its fastest training step of each kind on every CPU measured, a column each."""
+    """The bench's ceilings, its fastest training step of each kind and batch-1 decoding on every CPU measured,
+    a column each."""
     benches = [(n, r[n]) for n in ("bench.json", *OTHER_BENCHES) if n in r]
 
     def peak(b: dict, key: str) -> str:
@@ -535,11 +549,24 @@ def bench_machines(r: dict) -> dict:
         parts = steps[-1]["profile_parts"]
         return f"{parts.get('matrix products', 0.0) / sum(parts.values()):.0%} of {sum(parts.values()) * 1e3:,.0f} ms"
 
+    def decoding(b: dict, dtype: str) -> str:
+        d = b["decoding"]
+        ms = d.get("cached_ms_by_dtype", {}).get(dtype)
+        return "–" if ms is None else f"{ms:.2f} ms/token = {ms / d['floor_ms_by_dtype'][dtype]:.2f}× its floor"
+
+    def compiled_decoding(b: dict) -> str:
+        k = b.get("compiled_decoding") or {}
+        return f"{k['speedup']:.2f}× the eager step's speed" if "speedup" in k else "–"
+
     rows = [["fp32 matmul peak", *(peak(b, "matmul_fp32_flops") for _, b in benches)],
             ["bf16 matmul peak", *(peak(b, "matmul_bf16_flops") for _, b in benches)],
+            ["memory read", *(f"{b['ceilings']['read_bandwidth'] / 1e9:.1f} GB/s" for _, b in benches)],
             *[[f"training, {kind}: the fastest step", *(fastest(b, kind) for _, b in benches)]
               for kind in ("learned", "rope")],
             ["the matrix products' share of the last profiled rope step", *(products(b) for _, b in benches)],
+            *[[f"decoding, sliding cache, {dtype} weights", *(decoding(b, dtype) for _, b in benches)]
+              for dtype in ("float32", "bfloat16")],
+            ["decoding, float32, compiled", *(compiled_decoding(b) for _, b in benches)],
             ["measured", *(b["date"][:10] for _, b in benches)]]
     return {"bench-machines": head(*benches) + table(["figure", *(cpu(b["machine"]) for _, b in benches)], rows)}
 

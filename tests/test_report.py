@@ -75,8 +75,11 @@ def bench_json(full: bool) -> dict:
               "training_compiled_over_eager": {"rope": {"float32": 1.04, "bfloat16": 1.25}},
               "training": [*b["training"], {**training, "dtype": "bfloat16", "compiled": True, "attention": "sdpa",
                                             "tokens_per_s": 2400.0, "share_of_peak": 0.6, "profile": "addmm 40%"},
-                           {**training, "compiled": True, "profile": None}],  # as bench.py: not every row profiled
-              "compiled_decoding": {"ms": 3.6, "compile_s": 14.0, "profile": "compiled"}}
+                           {**training, "compiled": True, "compile_s": 41.4, "profile": None}],  # not all profiled
+              "compiled_decoding": {"ms": 3.6, "compile_s": 14.0, "profile": "compiled", "eager_ms": 4.5,
+                                    "speedup": 1.25, "break_even_tokens": 1200.0}}
+        b["decoding"] |= {"dtype": "bfloat16", "cached_ms_by_dtype": {"float32": 6.0, "bfloat16": 8.0},
+                          "floor_ms_by_dtype": {"float32": 4.0, "bfloat16": 2.0}, "floors_ratio": 17.0}
     return b
 
 
@@ -284,9 +287,18 @@ def test_bench_table_tolerates_absent_optional_keys(results):
     full = rows_of(report.build(results)[0]["bench"])
     assert ["training (rope, malloc untuned, 16×256)", "1,570 tokens/s = 150.0 GFLOP/s", "fp32 peak",
             "0.81 of peak", "≥ 0.8"] in full
-    assert full[-2][:4] == ["decoding, re-run window (learned, 256)", "48.0 ms/token", "compute floor 34.0 ms",
-                            "6.0× the cache"]
+    assert full[-2][:4] == ["decoding, re-run window (learned, 256)", "48.0 ms/token",
+                            "compute floor 34.0 ms (17.0× the cache's floor)", "6.0× the cache"]
+    # decoding in each precision against its own floor; the threads in the headline one; compiled (float32)
+    # against the float32 floor, with its speed beside the eager step's
+    assert ["decoding, sliding cache, float32 weights", "6.00 ms/token", "floor 4.00 ms", "1.50× floor",
+            "≤ 1.5×"] in full
+    assert ["decoding, sliding cache, bfloat16, 2 threads", "8.00 ms/token", "floor 2.00 ms", "4.00× floor",
+            "≤ 1.5×"] in full
+    assert ["decoding, sliding cache, float32, compiled", "3.60 ms/token (compiling: 14 s, 1.25× the eager step's "
+            "4.50 side by side: pays after 1,200 tokens)", "floor 4.00 ms", "0.90× floor", "≤ 1.5×"] in full
     assert "training (rope, bfloat16, compiled, PyTorch's attention kernel, 16×256)" in [r[0] for r in full]
+    assert "training (rope, compiled (41 s), 16×256)" in [r[0] for r in full]  # its compile time, where recorded
     assert ["training (rope, compiled bf16): attention's batched products over PyTorch's kernel", "1.25× the tokens/s",
             "side by side", "", ""] in full
     assert ["training (rope): compiled over eager, side by side", "float32 1.04×, bfloat16 1.25×", "the same step",
@@ -345,10 +357,13 @@ def test_ten_minutes_table_from_the_commands_as_typed(results):
 def test_bench_machines_sets_each_cpus_peaks_and_fastest_step_side_by_side(results):
     rows = rows_of(report.build(results)[0]["bench-machines"])
     assert rows == [["figure", "Made-up CPU"], ["fp32 matmul peak", "160.0 GFLOP/s"],
-                    ["bf16 matmul peak", "380.0 GFLOP/s (2.4× fp32)"],
+                    ["bf16 matmul peak", "380.0 GFLOP/s (2.4× fp32)"], ["memory read", "25.0 GB/s"],
                     ["training, learned: the fastest step", "–"],
                     ["training, rope: the fastest step", "3,000 tokens/s = 0.50 of peak (bfloat16)"],
                     ["the matrix products' share of the last profiled rope step", "–"],
+                    ["decoding, sliding cache, float32 weights", "6.00 ms/token = 1.50× its floor"],
+                    ["decoding, sliding cache, bfloat16 weights", "8.00 ms/token = 4.00× its floor"],
+                    ["decoding, float32, compiled", "1.25× the eager step's speed"],
                     ["measured", "2026-12-01"]]
     other = bench_json(full=False) | {"machine": "Other CPU (AVX2), 2 threads", "date": "2026-12-02T11:00:00+00:00"}
     other["training"] = [{**t, "profile_parts": {"matrix products": 0.3, "GELU": 0.1}} for t in other["training"]]
@@ -358,8 +373,11 @@ def test_bench_machines_sets_each_cpus_peaks_and_fastest_step_side_by_side(resul
     rows = rows_of(text)
     assert rows[0] == ["figure", "Made-up CPU", "Other CPU (AVX2)"]
     assert rows[2] == ["bf16 matmul peak", "380.0 GFLOP/s (2.4× fp32)", "–"]
-    assert rows[5] == ["the matrix products' share of the last profiled rope step", "–", "75% of 400 ms"]
-    assert rows[6] == ["measured", "2026-12-01", "2026-12-02"]
+    assert rows[6] == ["the matrix products' share of the last profiled rope step", "–", "75% of 400 ms"]
+    assert rows[7:] == [["decoding, sliding cache, float32 weights", "6.00 ms/token = 1.50× its floor", "–"],
+                        ["decoding, sliding cache, bfloat16 weights", "8.00 ms/token = 4.00× its floor", "–"],
+                        ["decoding, float32, compiled", "1.25× the eager step's speed", "–"],
+                        ["measured", "2026-12-01", "2026-12-02"]]
     assert "`results/amd-epyc/bench.json`" in text
     assert report.cpu("Intel(R) Xeon(R) Processor (AVX512), 2 threads, torch x, cpu") == "Intel Xeon (AVX512)"
 
