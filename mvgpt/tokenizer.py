@@ -52,6 +52,14 @@ class Tokenizer:
     def decode_bytes(self, ids: Iterable[int]) -> bytes:
         return self.encoding.decode_bytes(list(ids))
 
+    def token_bytes(self) -> list[int]:
+        """How many bytes of text each id stands for (`<|endoftext|>` stands for none): what turns a
+        loss per token into bits per byte, a figure that compares models with other tokenizers."""
+        lengths = [0] * self.vocab_size
+        for token, i in self.ranks.items():
+            lengths[i] = len(token)
+        return lengths
+
     def stream(self) -> TextStream:
         """A decoder for ids that come one at a time (see TextStream)."""
         return TextStream(self)

@@ -9,6 +9,8 @@ end of the first window on, three ways:
 - full_losses: all tokens at once, each attending to everything before it (rope only: learned
   positions stop at the window), further back than the model ever saw in training.
 Reading further than the training context (scaled angles, sinks, dynamic NTK): long_context.py.
+Pointed at `checkpoints/*`, it reads every model there (a LoRA folder as its base with the adapter
+applied) and says in one line what it skipped and why (mvgpt/runs.py).
 
 Examples:
     python scripts/context.py checkpoints/* --device cpu
@@ -21,19 +23,18 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
 from mvgpt.bench import machine, sync
-from mvgpt.checkpoint import checkpoint_arg, load_model
 from mvgpt.data import DATA_DIR, data_tokenizer_hash, load_tokens, prepared_data, windows
 from mvgpt.device import pick_device
 from mvgpt.errors import ArgumentParser, at_least, run_main, writable_file
 from mvgpt.io import write_json
 from mvgpt.model import GPT, KVCache
+from mvgpt.runs import existing_path, read_models
 
 
 @torch.no_grad()
@@ -108,9 +109,10 @@ def score(name: str, method: str, fn: Callable, model: GPT, streams: list[torch.
 
 def print_rows(title: str, rows: list[dict], notes: list[str]) -> None:
     print(title)
-    print(f"{'model':<28} {'method':<22} {'loss':>8} {'ms/token':>9}")
+    width = max(28, *(len(row["model"]) for row in rows))
+    print(f"{'model':<{width}} {'method':<22} {'loss':>8} {'ms/token':>9}")
     for row in rows:
-        print(f"{row['model']:<28} {row['method']:<22} {row['loss']:>8.4f} {row['ms_per_token']:>9.2f}")
+        print(f"{row['model']:<{width}} {row['method']:<22} {row['loss']:>8.4f} {row['ms_per_token']:>9.2f}")
     for note in notes:
         print(f"note: {note}")
 
@@ -142,11 +144,12 @@ def past_window(args: argparse.Namespace, models: list[tuple[str, GPT]], streams
 
 
 def load(args: argparse.Namespace) -> tuple[torch.device, list[tuple[str, GPT]], object]:
-    """The device, (name, model) for each checkpoint, and the held-out tokens."""
+    """The device, (name, model) for each model the paths hold (a LoRA folder: its base with the
+    adapter), and the held-out tokens. What is not a model is skipped, in one line."""
     device = pick_device(args.device)
     val = load_tokens(args.data_dir, "val")
     tok_hash = data_tokenizer_hash(args.data_dir)
-    models = [(Path(path).name, load_model(path, device, tok_hash)[0]) for path in args.checkpoints]
+    models = read_models(args.checkpoints, device, tok_hash)
     torch.manual_seed(0)
     return device, models, val
 
@@ -172,7 +175,8 @@ def finish(args: argparse.Namespace, device: torch.device, result: dict) -> dict
 def parser(doc: str = __doc__) -> argparse.ArgumentParser:
     """The flags context.py and long_context.py share."""
     p = ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("checkpoints", nargs="+", type=checkpoint_arg, help="run folders or checkpoint files")
+    p.add_argument("checkpoints", nargs="+", type=existing_path,
+                   help="run folders or checkpoint files (a LoRA folder: its base with the adapter)")
     p.add_argument("--device", help="cpu or cuda (default: the GPU when there is one)")
     p.add_argument("--length", type=at_least(2), help="tokens per stream (default: three windows)")
     p.add_argument("--streams", type=at_least(1), default=8, help="consecutive pieces of held-out text")

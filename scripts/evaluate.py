@@ -1,8 +1,11 @@
-"""Held-out loss, perplexity and top-1 accuracy of one or more checkpoints.
+"""Held-out loss, perplexity, top-1 accuracy and bits per byte of one or more checkpoints.
 
 The validation tokens are cut into consecutive windows of the model's own context; every token of
 a window is predicted from the ones before it in that window. Loss is mean cross-entropy in nats
-per token, perplexity exp(loss), accuracy how often the likeliest token is the right one.
+per token, perplexity exp(loss), accuracy how often the likeliest token is the right one, and bits
+per byte the same loss in bits over the bytes of text the tokens stand for (it does not depend on
+the tokenizer, so it compares models whose tokenizers differ). A LoRA run folder is read as its
+base with the adapter applied; a folder that holds no model is skipped, in one line.
 
 Examples:
     python scripts/evaluate.py checkpoints/pretrain checkpoints/pretrain-rope
@@ -27,7 +30,6 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from mvgpt.bench import machine
-from mvgpt.checkpoint import checkpoint_arg, load_model
 from mvgpt.cli import add_context_args, apply_context_args
 from mvgpt.data import DATA_DIR, data_tokenizer_hash, load_tokens, prepared_data
 from mvgpt.device import pick_device
@@ -36,19 +38,27 @@ from mvgpt.io import write_json
 from mvgpt.model import GPT
 from mvgpt.precision import CHOICES as DTYPE_CHOICES
 from mvgpt.precision import autocast, dtype_name, resolve_dtype
+from mvgpt.runs import existing_path, read_models
+from mvgpt.tokenizer import Tokenizer
 
 
 @torch.no_grad()
 def evaluate(model: GPT, tokens, device: torch.device, max_tokens: int | None = None, batch_size: int = 8,
-             dtype: torch.dtype = torch.float32) -> dict:
-    """{loss, perplexity, accuracy, tokens} over windows of the model's context (+ 1) tokens."""
+             dtype: torch.dtype = torch.float32, token_bytes: torch.Tensor | None = None) -> dict:
+    """{loss, perplexity, accuracy, tokens} over windows of the model's context (+ 1) tokens.
+
+    With token_bytes (the bytes of text each id stands for: Tokenizer.token_bytes), also bits per
+    byte: the loss of the tokens that stand for text, in bits, over their bytes. A loss per token
+    depends on the tokenizer (bigger tokens, higher loss per token); bits per byte does not, so it
+    compares models with other tokenizers. `<|endoftext|>` stands for no text and is left out.
+    """
     T = model.context
     n_windows = (len(tokens) - 1) // T
     if max_tokens is not None:
         n_windows = min(n_windows, max(1, max_tokens // T))
     if n_windows < 1:
         raise SystemExit(f"error: {len(tokens)} held-out tokens are too few for one window of {T}")
-    total_loss, correct, count = 0.0, 0, 0
+    total_loss, correct, count, text_loss, text_bytes = 0.0, 0, 0, 0.0, 0
     for i in tqdm(range(0, n_windows, batch_size), desc="evaluate", leave=False, disable=None):
         rows = [tokens[j * T : j * T + T + 1] for j in range(i, min(i + batch_size, n_windows))]
         batch = torch.from_numpy(np.stack(rows).astype(np.int64)).to(device)
@@ -56,16 +66,25 @@ def evaluate(model: GPT, tokens, device: torch.device, max_tokens: int | None = 
         with autocast(device, dtype):
             logits, _ = model(x)
         logits = logits.float()
-        total_loss += F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="sum").item()
+        losses = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none")  # (B * T,) nats
+        total_loss += losses.sum().item()
         correct += (logits.argmax(-1) == y).sum().item()
         count += y.numel()
+        if token_bytes is not None:
+            nbytes = token_bytes.to(device)[y.flatten()]  # (B * T,) bytes of text each target stands for
+            text_loss += losses[nbytes > 0].sum().item()
+            text_bytes += nbytes.sum().item()
     loss = total_loss / count
-    return {"loss": loss, "perplexity": math.exp(loss), "accuracy": correct / count, "tokens": count}
+    result = {"loss": loss, "perplexity": math.exp(loss), "accuracy": correct / count, "tokens": count}
+    if token_bytes is not None:
+        result.update(bits_per_byte=text_loss / math.log(2) / text_bytes, bytes=text_bytes)
+    return result
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("checkpoints", nargs="+", type=checkpoint_arg, help="run folders or checkpoint files")
+    p.add_argument("checkpoints", nargs="+", type=existing_path,
+                   help="run folders or checkpoint files (a LoRA folder: its base with the adapter)")
     p.add_argument("--data-dir", type=prepared_data, default=str(DATA_DIR))
     p.add_argument("--tokens", type=positive_int, help="at most this many tokens, at least a window (default: all)")
     p.add_argument("--batch-size", type=positive_int, default=8)
@@ -80,26 +99,29 @@ def main(argv: list[str] | None = None) -> list[dict]:
     dtype = resolve_dtype(args.dtype, device)
     val = load_tokens(args.data_dir, "val")
     tok_hash = data_tokenizer_hash(args.data_dir)
+    token_bytes = torch.tensor(Tokenizer.load(Path(args.data_dir) / "tokenizer.json").token_bytes())
+    models = read_models(args.checkpoints, device, tok_hash)
     rows = []
     mixed = dtype != torch.float32
-    print(f"{'model':<28} {'params':>12} {'loss':>8} {'perplexity':>11} {'accuracy':>9}"
+    width = max(28, *(len(name) for name, _ in models))
+    print(f"{'model':<{width}} {'params':>12} {'loss':>8} {'perplexity':>11} {'accuracy':>9} {'bits/byte':>9}"
           + (f" {'vs float32':>11}" if mixed else ""))
-    for path in args.checkpoints:
-        model, _ = load_model(path, device, tok_hash)
+    for name, model in models:
         apply_context_args(model, args)
-        row = {"model": Path(path).name, "params": model.num_params(), "context": model.context,
+        row = {"model": name, "params": model.num_params(), "context": model.context,
                "rope_scaling": args.rope_scaling, "dtype": dtype_name(dtype)}
-        row.update(evaluate(model, val, device, args.tokens, args.batch_size, dtype))
+        row.update(evaluate(model, val, device, args.tokens, args.batch_size, dtype, token_bytes))
         if mixed:  # the same windows in float32: what bf16 products cost in loss
             row["loss_float32"] = evaluate(model, val, device, args.tokens, args.batch_size)["loss"]
             row["loss_difference"] = row["loss"] - row["loss_float32"]
         rows.append(row)
         print(
-            f"{row['model']:<28} {row['params']:>12,} {row['loss']:>8.4f} "
-            f"{row['perplexity']:>11.3f} {row['accuracy']:>9.2%}"
+            f"{row['model']:<{width}} {row['params']:>12,} {row['loss']:>8.4f} "
+            f"{row['perplexity']:>11.3f} {row['accuracy']:>9.2%} {row['bits_per_byte']:>9.4f}"
             + (f" {row['loss_difference']:>+11.4f}" if mixed else "")
         )
-    print(f"({rows[0]['tokens']:,} held-out tokens per model)")
+    print(f"({rows[0]['tokens']:,} held-out tokens per model, {rows[0]['bytes']:,} bytes of text; loss in nats "
+          "per token, bits/byte = the same loss in bits per byte of text)")
     if args.json:
         write_json(args.json, {"machine": machine(device), "rows": rows})
     return rows
