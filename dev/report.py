@@ -32,11 +32,11 @@ FINETUNE = "pretrain-rope-ctx1024-linear.json"
 TEN_MINUTES = {  # the episode's commands as a learner types them: ten minutes by the clock, the step compiled where
     # that pays (the default), and the rope run once more without compiling
     "ten-minutes/pretrain.json": "learned positions", "ten-minutes/pretrain-rope.json": "rotary embeddings",
-    "ten-minutes/pretrain-rope-eager.json": "rotary embeddings, --no-compile",
+    "ten-minutes/pretrain-rope-eager.json": "rotary embeddings",
     # the same commands on the other CPU a session ran on (an AMD EPYC without AMX), kept beside ours
     "amd-epyc/ten-minutes/pretrain.json": "learned positions",
     "amd-epyc/ten-minutes/pretrain-rope.json": "rotary embeddings",
-    "amd-epyc/ten-minutes/pretrain-rope-eager.json": "rotary embeddings, --no-compile"}
+    "amd-epyc/ten-minutes/pretrain-rope-eager.json": "rotary embeddings"}
 OTHER_BENCHES = ("amd-epyc/bench.json",)  # scripts/bench.py on another CPU, set beside results/bench.json
 LINEAR_PRODUCTS = {"linear_products.json": "linear-products",  # dev/linear_products.py on each CPU: its table
                    "amd-epyc/linear_products.json": "linear-products-amd-epyc"}
@@ -159,13 +159,16 @@ def cpu(machine: str) -> str:
 
 def ten_minutes(r: dict) -> dict:
     runs = [(name, r[name]) for name in TEN_MINUTES if name in r]
-    rows = [[TEN_MINUTES[n], cpu(d["machine"]), "compiled" if d["args"]["compile"] else "eager", d["dtype"],
-             f"{d['steps']:,}", f"{d['tokens']:,}", f"{d['seconds'] / 60:.1f}", f"{d['tokens_per_s']:,.0f}",
-             f"{d['tokens'] / d['seconds']:,.0f}", f"{d['val_loss']:.4f}"] for n, d in runs]
+    dtypes = list(dict.fromkeys(d["dtype"] for _, d in runs))
+    rows = [[TEN_MINUTES[n], cpu(d["machine"]), "compiled" if d["args"]["compile"] else "eager",
+             *([d["dtype"]] if len(dtypes) > 1 else []), f"{d['steps']:,}", f"{d['tokens']:,}",
+             f"{d['seconds'] / 60:.1f}", f"{d['tokens_per_s']:,.0f}", f"{d['tokens'] / d['seconds']:,.0f}",
+             f"{d['val_loss']:.4f}"] for n, d in runs]
+    same = f"All in {dtypes[0]}. " if len(dtypes) == 1 else ""
     return {"ten-minutes": head(*runs) + "Each run trains until its ten minutes are up (compiling and evaluating "
-            "count against them). " + SPEEDS
-            + table(["run", "machine", "mode", "dtype", "steps", "tokens", "minutes", "tokens/s, median step",
-                     "tokens / wall time", "held-out loss"], rows, "llll")}
+            "count against them). " + same + SPEEDS
+            + table(["run", "machine", "mode", *(["dtype"] if len(dtypes) > 1 else []), "steps", "tokens", "minutes",
+                     "tokens/s, median step", "tokens / wall time", "held-out loss"], rows, "llll")}
 
 
 def evaluate(r: dict) -> dict:
@@ -784,8 +787,8 @@ def rope_speeds(_: dict, other_base: float = 100000.0) -> dict:
              f"{2 * math.pi / speed(config.rope_theta, i):,.1f}", f"{2 * math.pi / speed(other_base, i):,.1f}"]
             for i in sorted({0, 1, 2, 4, 8, 16, d // 2 - 1})]
     return {"rope-speeds": f"Computed from `GPTConfig()` (base {config.rope_theta:,.0f}, head size {d}), by "
-            "`python dev/report.py`.\n\n" + table(["pair i", "channels", "θ_i (rad/token)", "tokens per turn",
-                                                   f"… base {other_base:,.0f}"], rows, "lrrrr")}
+            "`python dev/report.py`.\n\n" + table(["pair i", "channels", "speed θᵢ, rad/token", "tokens per turn",
+                                                   f"tokens per turn, base {other_base:,.0f}"], rows, "lrrrr")}
 
 
 def weights(_: dict) -> dict:

@@ -343,18 +343,23 @@ def test_ten_minutes_table_from_the_commands_as_typed(results):
     assert text.startswith("From `results/ten-minutes/pretrain.json` (made by `python scripts/pretrain.py "
                            "--minutes 10`), `results/ten-minutes/pretrain-rope.json` (made by")
     rows = rows_of(text)
-    assert rows[1] == ["learned positions", "Made-up CPU", "eager", "bfloat16", "700", f"{700 * 4096:,}", "10.0",
+    assert rows[1] == ["learned positions", "Made-up CPU", "eager", "700", f"{700 * 4096:,}", "10.0",
                        f"{700 * 4096 / 600.5:,.0f}", f"{700 * 4096 / 600.5:,.0f}", "2.5000"]
-    assert rows[2][:5] == ["rotary embeddings", "Made-up CPU", "compiled", "bfloat16", "650"] and len(rows) == 3
+    assert rows[2][:4] == ["rotary embeddings", "Made-up CPU", "compiled", "650"] and len(rows) == 3
+    assert "All in bfloat16. " in text  # one dtype: said once, not a column
     (results / "ten-minutes" / "pretrain-rope-eager.json").write_text(json.dumps(pretrain_json("learned", 500, 0.75)))
     other = {**pretrain_json("rope", 400, 1.0), "machine": "Other CPU (AVX2), 2 threads, torch x, cpu"}
     (results / "amd-epyc" / "ten-minutes").mkdir(parents=True)
     (results / "amd-epyc" / "ten-minutes" / "pretrain-rope.json").write_text(json.dumps(other))
     text = report.build(results)[0]["ten-minutes"]
     rows = rows_of(text)  # the eager run after the two, then the other CPU's runs, each naming its CPU
-    assert [r[:5] for r in rows[3:]] == [["rotary embeddings, --no-compile", "Made-up CPU", "eager", "bfloat16", "500"],
-                                         ["rotary embeddings", "Other CPU (AVX2)", "compiled", "bfloat16", "400"]]
+    assert [r[:4] for r in rows[3:]] == [["rotary embeddings", "Made-up CPU", "eager", "500"],
+                                         ["rotary embeddings", "Other CPU (AVX2)", "compiled", "400"]]
     assert "Machine: Made-up CPU, 2 threads, torch x, cpu; Other CPU (AVX2), 2 threads, torch x, cpu" in text
+    mixed = report.ten_minutes({"ten-minutes/pretrain.json": pretrain_json("learned", 700, 0.5),
+                                "ten-minutes/pretrain-rope.json": {**pretrain_json("rope", 300, 0.5),
+                                                                   "dtype": "float32"}})["ten-minutes"]
+    assert rows_of(mixed)[0][3] == "dtype" and rows_of(mixed)[2][3] == "float32" and "All in" not in mixed
 
 
 def test_bench_machines_sets_each_cpus_peaks_and_fastest_step_side_by_side(results):
