@@ -16,6 +16,7 @@ import argparse
 import json
 import math
 import re
+import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -23,8 +24,7 @@ from pathlib import Path
 from mvgpt.model import GPT, GPTConfig
 
 ROOT = Path(__file__).resolve().parents[1]
-README_START, README_END = "<!-- report.py: start -->", "<!-- report.py: end -->"
-README_TABLES = ["training", "evaluate", "context", "sweep"]
+README_START, README_END = "<!-- report.py: {} -->", "<!-- report.py: end -->"  # a named block of the README
 PLACEHOLDER = ('!!! note "Not measured yet"\n'
                "    `{missing}` is not in `results/`: run the main job, then `python dev/report.py`.\n")
 RUNS = {"pretrain.json": "learned positions", "pretrain-rope.json": "rotary embeddings"}
@@ -32,15 +32,18 @@ FINETUNE = "pretrain-rope-ctx1024-linear.json"
 TEN_MINUTES = {  # the episode's commands as a learner types them: ten minutes by the clock, the step compiled where
     # that pays (the default), and the rope run once more without compiling
     "ten-minutes/pretrain.json": "learned positions", "ten-minutes/pretrain-rope.json": "rotary embeddings",
-    "ten-minutes/pretrain-rope-eager.json": "rotary embeddings, --no-compile",
+    "ten-minutes/pretrain-rope-eager.json": "rotary embeddings",
     # the same commands on the other CPU a session ran on (an AMD EPYC without AMX), kept beside ours
     "amd-epyc/ten-minutes/pretrain.json": "learned positions",
     "amd-epyc/ten-minutes/pretrain-rope.json": "rotary embeddings",
-    "amd-epyc/ten-minutes/pretrain-rope-eager.json": "rotary embeddings, --no-compile"}
+    "amd-epyc/ten-minutes/pretrain-rope-eager.json": "rotary embeddings"}
 OTHER_BENCHES = ("amd-epyc/bench.json",)  # scripts/bench.py on another CPU, set beside results/bench.json
 LINEAR_PRODUCTS = {"linear_products.json": "linear-products",  # dev/linear_products.py on each CPU: its table
                    "amd-epyc/linear_products.json": "linear-products-amd-epyc"}
 Draw = Callable  # draw(plt) -> a matplotlib figure
+SPEEDS = ("Two speeds: the median step's tokens/s, the training step alone, and tokens over the run's wall time, "
+          "which also counts the evaluations every 25 steps, the checkpoints and, compiled, the first step's "
+          "compiling.\n\n")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -54,9 +57,35 @@ def table(header: list[str], rows: list[list], align: str = "") -> str:
     return "".join("| " + " | ".join(str(c) for c in cells) + " |\n" for cells in [header, rule, *rows])
 
 
+LOCAL = re.compile(r"^(?:/tmp|/work|/root|/home|/Users|/var|/mnt)/|(?:^|/)shared/data/")  # a scratch or machine path
+
+
+def typed(command: str, name: str) -> str:
+    """The command a learner types to make results/`name`: the folders left at their defaults (data/, runs/),
+    a scratch --out-dir replaced by a folder of checkpoints/, --json pointed at the file itself, a local
+    --source written as DIR."""
+    words, out = shlex.split(command), []
+    flags = iter(words)
+    for word in flags:
+        if word in ("--data-dir", "--runs-dir"):
+            next(flags, None)  # data/ and runs/ are the defaults; a run elsewhere says where it read, not what
+        elif word == "--json":
+            next(flags, None)
+            out += ["--json", f"results/{name}"]
+        elif word == "--out-dir":
+            folder = next(flags, "")
+            out += ["--out-dir", f"checkpoints/{Path(name).stem}" if LOCAL.search(folder) else folder]
+        elif word == "--source":
+            folder = next(flags, "")
+            out += ["--source", "DIR" if LOCAL.search(folder) else folder]
+        else:
+            out.append(word)
+    return shlex.join(out)
+
+
 def head(*docs: tuple[str, dict], machine: str = "not recorded") -> str:
     """'From `results/x.json` (made by `command`) ...' and the machine(s) the numbers were measured on."""
-    sources = ", ".join(f"`results/{name}`" + (f" (made by `{d['command']}`)" if d.get("command") else "")
+    sources = ", ".join(f"`results/{name}`" + (f" (made by `{typed(d['command'], name)}`)" if d.get("command") else "")
                         for name, d in docs)
     machines = list(dict.fromkeys(d["machine"] for _, d in docs if d.get("machine")))
     return f"From {sources}, by `python dev/report.py`.  \nMachine: {'; '.join(machines) or machine}\n\n"
@@ -96,8 +125,10 @@ def figure(plt, rows: int = 1, height: float = 3.6, **kw):
 def training(r: dict) -> dict:
     runs = {name: r[name] for name in RUNS}
     rows = [[RUNS[n], d["kind"], d["dtype"], f"{d['steps']:,}", f"{d['tokens']:,}", f"{d['seconds'] / 60:.1f}",
-             f"{d['tokens_per_s']:,.0f}", f"{d['val_loss']:.4f}"] for n, d in runs.items()]
-    body = table(["run", "kind", "dtype", "steps", "tokens", "minutes", "tokens/s", "held-out loss"], rows, "lll")
+             f"{d['tokens_per_s']:,.0f}", f"{d['tokens'] / d['seconds']:,.0f}", f"{d['val_loss']:.4f}"]
+            for n, d in runs.items()]
+    body = SPEEDS + table(["run", "kind", "dtype", "steps", "tokens", "minutes", "tokens/s, median step",
+                           "tokens / wall time", "held-out loss"], rows, "lll")
     learned, rope = ({e["step"]: e["val_loss"] for e in d["evals"]} for d in runs.values())
     shared = sorted(set(learned) & set(rope))
     if shared:
@@ -128,13 +159,16 @@ def cpu(machine: str) -> str:
 
 def ten_minutes(r: dict) -> dict:
     runs = [(name, r[name]) for name in TEN_MINUTES if name in r]
-    rows = [[TEN_MINUTES[n], cpu(d["machine"]), "compiled" if d["args"]["compile"] else "eager", d["dtype"],
-             f"{d['steps']:,}", f"{d['tokens']:,}", f"{d['seconds'] / 60:.1f}", f"{d['tokens_per_s']:,.0f}",
+    dtypes = list(dict.fromkeys(d["dtype"] for _, d in runs))
+    rows = [[TEN_MINUTES[n], cpu(d["machine"]), "compiled" if d["args"]["compile"] else "eager",
+             *([d["dtype"]] if len(dtypes) > 1 else []), f"{d['steps']:,}", f"{d['tokens']:,}",
+             f"{d['seconds'] / 60:.1f}", f"{d['tokens_per_s']:,.0f}", f"{d['tokens'] / d['seconds']:,.0f}",
              f"{d['val_loss']:.4f}"] for n, d in runs]
+    same = f"All in {dtypes[0]}. " if len(dtypes) == 1 else ""
     return {"ten-minutes": head(*runs) + "Each run trains until its ten minutes are up (compiling and evaluating "
-            "count against them); tokens/s is the median step's.\n\n"
-            + table(["run", "machine", "mode", "dtype", "steps", "tokens", "minutes", "tokens/s", "held-out loss"],
-                    rows, "llll")}
+            "count against them). " + same + SPEEDS
+            + table(["run", "machine", "mode", *(["dtype"] if len(dtypes) > 1 else []), "steps", "tokens", "minutes",
+                     "tokens/s, median step", "tokens / wall time", "held-out loss"], rows, "llll")}
 
 
 def evaluate(r: dict) -> dict:
@@ -166,7 +200,7 @@ def precision(r: dict) -> dict:
             f"difference is {d['max_abs_difference']:.4f}, {verdict} the tolerance of {d['tolerance']}.")
     if again:
         spread = max(abs(x[other] - by_step[x["step"]][other]) for x in d["rows"] if x["step"] in by_step)
-        text += (f" Run once more (`results/precision-again.json`: {again.get('note', 'the same command')}), the "
+        text += (" Run once more with the same settings (`results/precision-again.json`), the "
                  f"largest difference was {again['max_abs_difference']:.4f}, and the two {other} runs were up to "
                  f"{spread:.4f} apart.")
     return {"precision": head(("precision.json", d)) + text + "\n\n" + table(header, rows)}
@@ -346,8 +380,9 @@ def data(r: dict) -> dict:
     rows = [[name, f"{d[k]['stories']:,}", f"{d[k]['tokens']:,}", f"{d[k]['chars_per_token']:.2f}"]
             for k, name in (("train", "training"), ("held_out", "held out"))]
     body = table(["split", "stories", "tokens", "characters per token"], rows)
+    split = re.sub(r"\S*/([^/\s]+\.txt)", r"`\1`", d["split"])  # the files, not where they sat
     body += (f"\nVocabulary: {d['vocab_size']:,} tokens, `<|endoftext|>` included; tokenizer hash "
-             f"`{d['tokenizer_hash']}`.  \nSource: {d['split']}\n")
+             f"`{d['tokenizer_hash']}`.  \nSource: {split}\n")
     return {"data": head(("data.json", d), machine="none needed (counts, not timings)") + body}
 
 
@@ -605,6 +640,28 @@ def quoted(text: str, limit: int = 400) -> str:
     return "".join(f"> {line}\n" if line.strip() else ">\n" for line in text.splitlines()) or "> (nothing)\n"
 
 
+def escaped(text: str) -> str:
+    """Generated text as markdown shows it: its special characters escaped, `<|endoftext|>` a visible mark."""
+    return " *(end of story)* ".join(re.sub(r"([\\`*_\[\]<>#|])", r"\\\1", part).strip()
+                                     for part in text.split("<|endoftext|>"))
+
+
+def stories(r: dict) -> dict:
+    """dev/stories.py: one story from each model, the same prompt and seed, the window's end marked in it."""
+    d = r["stories.json"]
+    body = (f"Each model continued the prompt by {d['tokens']} tokens, with the same seed ({d['seed']}), "
+            f"temperature {d['temperature']:g} and top-k {d['top_k']}. Where the text passes the model's window, "
+            "a mark says so; from there on a rope model slides its cache, and a model with learned positions runs "
+            "its whole window again for every token.\n\n")
+    for x in d["rows"]:
+        text = (escaped(d["prompt"] + x["before_window"]) + f" **[token {x['window']}: the window ends here]** "
+                + escaped(x["past_window"]))
+        quote = "".join(f"> {line.strip()}\n" if line.strip() else ">\n" for line in text.splitlines())
+        body += (f"`{x['model']}` ({x['kind']} positions, {x['ms_per_token']:.1f} ms a token on the "
+                 f"machine above):\n\n{quote}\n")
+    return {"stories": head(("stories.json", d)) + body}
+
+
 def lora(r: dict) -> dict:
     """finetune.py --json: the run (sizes, steps, losses) and the base beside the fine-tuned model on held-out
     prompts."""
@@ -730,8 +787,8 @@ def rope_speeds(_: dict, other_base: float = 100000.0) -> dict:
              f"{2 * math.pi / speed(config.rope_theta, i):,.1f}", f"{2 * math.pi / speed(other_base, i):,.1f}"]
             for i in sorted({0, 1, 2, 4, 8, 16, d // 2 - 1})]
     return {"rope-speeds": f"Computed from `GPTConfig()` (base {config.rope_theta:,.0f}, head size {d}), by "
-            "`python dev/report.py`.\n\n" + table(["pair i", "channels", "θ_i (rad/token)", "tokens per turn",
-                                                   f"… base {other_base:,.0f}"], rows, "lrrrr")}
+            "`python dev/report.py`.\n\n" + table(["pair i", "channels", "speed θᵢ, rad/token", "tokens per turn",
+                                                   f"tokens per turn, base {other_base:,.0f}"], rows, "lrrrr")}
 
 
 def weights(_: dict) -> dict:
@@ -782,6 +839,160 @@ def rotation(_: dict) -> dict:
     return {"rope-rotation.png": draw}
 
 
+# ----------------------------------------------------------------------------------------------
+# The README's blocks: each of the episode's commands with the lines it printed in a committed run, what
+# to expect beside the video, the main job's results. Made from results/ like every table, so they cannot
+# go stale; tests/test_report.py checks that the printed lines are the ones the scripts print.
+
+README_BLOCK = re.compile(r"<!-- report\.py: (?!end )([\w-]+) -->\n.*?<!-- report\.py: end -->", re.S)
+README_BLOCK_NAME = re.compile(r"<!-- report\.py: (?!end )([\w-]+) -->")
+EPISODE_COMMANDS = {  # as the README gives them; the video types `python pretrain.py --rope` (scripts/ here)
+    "pretrain": "python scripts/pretrain.py --rope --out-dir checkpoints/rope-10min",
+    "evaluate": "python scripts/evaluate.py checkpoints/* --dtype auto",
+    "context": "python scripts/context.py checkpoints/* --device cpu",
+}
+
+
+def load_all(results: Path) -> dict:
+    """Every JSON under results/, by its path there ('ten-minutes/pretrain-rope.json')."""
+    return {p.relative_to(results).as_posix(): json.loads(p.read_text(encoding="utf-8"))
+            for p in sorted(results.rglob("*.json"))}
+
+
+def where(d: dict) -> str:
+    """The machine a JSON was measured on, short: 'a 2-core Intel Xeon (AVX512)'."""
+    cores = re.search(r"of (\d+) cores", d["machine"])
+    return f"a {cores.group(1)}-core {cpu(d['machine'])}" if cores else f"an {cpu(d['machine'])}"
+
+
+def minutes(seconds: float) -> str:
+    return f"{seconds / 60:.1f} minutes" if seconds >= 90 else f"{seconds:.0f} seconds"
+
+
+def pretrain_printed(d: dict, out_dir: str | None = None) -> str:
+    """pretrain.py's last line, as scripts/pretrain.py prints it at the end of a run."""
+    out_dir = out_dir or d["args"].get("out_dir") or f"checkpoints/{d['run']}"
+    return (f"{d['run']}: {d['steps']} steps, {d['tokens']:,} tokens, {d['tokens_per_s']:,.0f} tokens/s "
+            f"({d['dtype']}), held-out loss {d['val_loss']:.4f}, {d['params']:,} parameters, "
+            f"{d['minutes']:.1f} min -> {out_dir}")
+
+
+def evaluate_printed(d: dict, models: list[str] | None = None) -> str:
+    """evaluate.py's table, as it prints it (the rows of `models`, all by default)."""
+    rows = [x for x in d["rows"] if models is None or x["model"] in models]
+    mixed = "loss_difference" in d["rows"][0]
+    lines = [f"{'model':<28} {'params':>12} {'loss':>8} {'perplexity':>11} {'accuracy':>9}"
+             + (f" {'vs float32':>11}" if mixed else "")]
+    lines += [f"{x['model']:<28} {x['params']:>12,} {x['loss']:>8.4f} {x['perplexity']:>11.3f} {x['accuracy']:>9.2%}"
+              + (f" {x['loss_difference']:>+11.4f}" if mixed else "") for x in rows]
+    return "\n".join([*lines, f"({d['rows'][0]['tokens']:,} held-out tokens per model)"])
+
+
+def context_printed(d: dict) -> str:
+    """context.py's table, as it prints it."""
+    lines = [f"past the window: {d['streams']} streams of {d['length']} tokens, each scored from the end of its "
+             "model's first window", f"{'model':<28} {'method':<22} {'loss':>8} {'ms/token':>9}"]
+    lines += [f"{x['model']:<28} {x['method']:<22} {x['loss']:>8.4f} {x['ms_per_token']:>9.2f}" for x in d["rows"]]
+    lines += [f"note: {note}" for note in d.get("notes", [])]
+    return "\n".join([*lines, f"measured on {d['machine']}"])
+
+
+def context_seconds(d: dict) -> float:
+    """The time context.py spent measuring: its own seconds where it recorded them, else each method's ms per
+    token times the tokens it scored."""
+    if "seconds" in d:
+        return d["seconds"]
+    return sum(x["ms_per_token"] * (d["length"] - x["window"]) * d["streams"] for x in d["rows"]) / 1000
+
+
+def readme_pretrain(r: dict) -> str:
+    name = "ten-minutes/pretrain-rope.json"
+    d = r[name]
+    out_dir = EPISODE_COMMANDS["pretrain"].split("--out-dir ")[1].split()[0]
+    return (f"```bash\n{EPISODE_COMMANDS['pretrain']}\n```\n\n"
+            f"It trains for ten minutes by the clock, then prints (`results/{name}`, on {where(d)}):\n\n"
+            f"```text\n{pretrain_printed(d, out_dir)}\n```\n\n"
+            f"That is {d['steps']:,} steps of {d['tokens'] // d['steps']:,} tokens. Its tokens/s is the median "
+            f"step's. Over the whole run it is {d['tokens'] / d['seconds']:,.0f}, as evaluations and compiling "
+            "take time too.")
+
+
+def readme_evaluate(r: dict) -> str:
+    d = r["evaluate.json"]
+    took = f" It took {minutes(d['seconds'])}." if "seconds" in d else ""
+    return (f"```bash\n{EPISODE_COMMANDS['evaluate']}\n```\n\n"
+            f"It reads every held-out story and prints a row per model. The two pretrained ones, on {where(d)} "
+            f"(`results/evaluate.json`):\n\n```text\n"
+            f"{evaluate_printed(d, ['pretrain', 'pretrain-rope'])}\n```\n\n"
+            f"The last column is what bf16's products cost in loss, against float32.{took}")
+
+
+def readme_context(r: dict) -> str:
+    d = r["context.json"]
+    return (f"```bash\n{EPISODE_COMMANDS['context']}\n```\n\n"
+            f"It prints (`results/context.json`, for the two pretrained models):\n\n"
+            f"```text\n{context_printed(d)}\n```\n\n"
+            f"These rows took {minutes(context_seconds(d))}. Each model the folder holds adds its own rows.")
+
+
+def readme_expect(r: dict) -> str:
+    e, data = r["episode.json"], r["data.json"]
+    figures = [f for f in e["figures"] if f.get("readme")]
+    rows = []
+    for f in figures:
+        value = ours(r, f["ours"])
+        name = f["ours"].split(":")[0]
+        rows.append([f["what"], f"{f['text']} ({f['at']})", "–" if value is None else f["format"].format(value),
+                     f"`results/{name}`"])
+    main_run, ten = r["pretrain-rope.json"], r["ten-minutes/pretrain-rope.json"]
+    video_tokens = next(f["value"] for f in e["figures"] if f["ours"] == "ten-minutes/pretrain-rope.json::tokens")
+    passes = main_run["tokens"] / data["train"]["tokens"]
+    return (f"Ours on {where(ten)}:\n\n"
+            + table(["figure", "the video (at)", "here", "from"], rows, "lrrl")
+            + f"\nWhy they differ, one line each:\n\n"
+            f"- **The training.** The video names neither the machine it trained on nor its batch. Its own figures "
+            f"put its rope run at about {video_tokens / 1e6:.1f}M tokens; ours saw {ten['tokens'] / 1e6:.1f}M.\n"
+            f"- **The data.** Our runs read {data['train']['tokens'] / 1e6:.1f}M training tokens "
+            f"({data['train']['stories']:,} stories), a small part of TinyStories. The main job's "
+            f"{main_run['tokens'] / 1e6:.1f}M training tokens are about {passes:.1f} passes over them, so the model "
+            f"starts to see its stories again.\n"
+            f"- **The tokenizer.** Ours has {data['vocab_size']:,} tokens; the video's is not ours, so a loss per "
+            f"token compares only roughly.\n"
+            f"- **Milliseconds** belong to a machine. Compare the ratios: the sliding cache against the window.\n"
+            f"- **To get closer**, train on more of TinyStories for longer, on a GPU if you have one. "
+            f"`python scripts/prepare.py --max-train-mb 0` downloads all of it.\n")
+
+
+def readme_results(r: dict) -> str:
+    runs = [(RUNS[n], r[n]) for n in RUNS]
+    held_out = {x["model"]: x for x in r["evaluate.json"]["rows"]}
+    rows = [[name, f"{d['steps']:,}", f"{d['tokens']:,}", f"{d['seconds'] / 60:.1f}", f"{d['tokens_per_s']:,.0f}",
+             f"{d['tokens'] / d['seconds']:,.0f}", f"{held_out[d['run']]['loss']:.4f}",
+             f"{held_out[d['run']]['perplexity']:.1f}"] for name, d in runs]
+    d = runs[0][1]
+    return (f"The main job's two runs, {d['steps']:,} steps each from the same seed and batches, on {where(d)}. "
+            f"From `results/pretrain*.json` and `results/evaluate.json`:\n\n"
+            + table(["run", "steps", "tokens", "minutes", "tokens/s, median step", "tokens / wall time",
+                     "held-out loss", "perplexity"], rows))
+
+
+def readme_main(r: dict) -> str:
+    """How long the main job's pretraining took, on each machine it was run on."""
+    machines = [("", r["pretrain.json"], r["pretrain-rope.json"])]
+    if "amd-epyc/main-job/pretrain.json" in r:
+        machines.append(("amd-epyc/main-job/", r["amd-epyc/main-job/pretrain.json"],
+                         r["amd-epyc/main-job/pretrain-rope.json"]))
+    said = [f"Its two pretraining runs took {learned['seconds'] / 60:.1f} and {rope['seconds'] / 60:.1f} minutes on "
+            f"{where(learned)} (`results/{folder}pretrain*.json`)." for folder, learned, rope in machines]
+    return " ".join(said).replace(". Its two pretraining runs took", ". They took", 1)
+
+
+README_BLOCKS: dict[str, Callable[[dict], str]] = {
+    "main": readme_main, "pretrain": readme_pretrain, "evaluate": readme_evaluate, "context": readme_context,
+    "expect": readme_expect, "results": readme_results,
+}
+
+
 OUTPUTS: list[tuple[tuple[str, ...], tuple[str, ...], Callable[[dict], dict], tuple[str, ...]]] = [
     # (JSON needed, JSON used if present, writer, what it writes)
     (tuple(RUNS), (), training, ("training", "training-loss.png")),
@@ -804,6 +1015,7 @@ OUTPUTS: list[tuple[tuple[str, ...], tuple[str, ...], Callable[[dict], dict], tu
     (tuple(TEN_MINUTES)[:2], tuple(TEN_MINUTES)[2:], ten_minutes, ("ten-minutes",)),
     ((FINETUNE,), (), finetune, ("finetune",)),
     (("lora.json",), (), lora, ("lora",)),
+    (("stories.json",), (), stories, ("stories",)),
     (("llama_cpp.json",), (), llama_cpp, ("llama-cpp", "llama-cpp-perplexity")),
     (("bench.json",), (), bench, ("bench", "bench-profiles", "bench-parts", "bench.png")),
     (("bench.json",), OTHER_BENCHES, bench_machines, ("bench-machines",)),
@@ -831,13 +1043,19 @@ def build(results: Path) -> tuple[dict[str, str], dict[str, Draw | None]]:
     return tables, figures
 
 
-def readme_block(text: str, tables: dict[str, str]) -> str:
-    """The README with the main tables between its markers (the rest as it was)."""
-    before, rest = text.split(README_START, 1)
-    _, after = rest.split(README_END, 1)
-    parts = [tables[n].strip() for n in README_TABLES if "Not measured yet" not in tables[n]]
-    block = "\n\n".join(parts) if parts else "Run the main job, then `python dev/report.py`."
-    return f"{before}{README_START}\n{block}\n{README_END}{after}"
+def readme_block(text: str, results: Path) -> str:
+    """The README with each of its named blocks (`<!-- report.py: NAME -->` ... end) made again from results/."""
+    r = load_all(results)
+
+    def fill(m: re.Match) -> str:
+        name = m.group(1)
+        try:
+            block = README_BLOCKS[name](r).strip()
+        except KeyError as e:  # a JSON the block reads is missing (a fresh clone, a tiny run)
+            block = f"Not measured yet (`results/{e.args[0]}`): run the main job, then `python dev/report.py`."
+        return f"{README_START.format(name)}\n{block}\n{README_END}"
+
+    return README_BLOCK.sub(fill, text)
 
 
 def save_figure(path: Path, draw: Draw | None) -> None:
@@ -873,11 +1091,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.readme:
         readme = Path(args.readme)
         text = readme.read_text(encoding="utf-8")
-        if README_START not in text or README_END not in text:
-            print(f"error: {readme} lacks the {README_START} ... {README_END} markers: add them, or --readme ''",
-                  file=sys.stderr)
+        unknown = sorted(set(README_BLOCK_NAME.findall(text)) - set(README_BLOCKS))
+        if not README_BLOCK.search(text) or unknown:
+            what = f"names no block report.py makes ({', '.join(unknown)})" if unknown else "has no report.py block"
+            print(f"error: {readme} {what}: mark a block `{README_START.format('NAME')}` ... `{README_END}` with NAME "
+                  f"one of {', '.join(README_BLOCKS)}, or pass --readme ''", file=sys.stderr)
             return 2
-        files[readme] = readme_block(text, tables)
+        files[readme] = readme_block(text, results)
     if args.check:
         stale = [str(path) for path, text in files.items()
                  if not path.exists() or path.read_text(encoding="utf-8") != text]

@@ -33,7 +33,8 @@ def pretrain_json(kind: str, steps: int, offset: float) -> dict:
     return {"command": f"python scripts/pretrain.py{' --rope' if kind == 'rope' else ''} --minutes 10",
             "machine": MACHINE, "run": "pretrain" + ("-rope" if kind == "rope" else ""), "kind": kind,
             "dtype": "bfloat16", "steps": steps, "tokens": steps * 4096, "seconds": 600.5,
-            "tokens_per_s": steps * 4096 / 600.5, "evals": evals, "val_loss": 2.0 + offset,
+            "tokens_per_s": steps * 4096 / 600.5, "evals": evals, "val_loss": 2.0 + offset, "minutes": 600.5 / 60,
+            "params": 900 if kind == "rope" else 1000,
             "args": {"seed": 1337, "lr": 2e-3, "warmup": 100, "min_lr_ratio": 0.1, "compile": kind == "rope"}}
 
 
@@ -111,18 +112,19 @@ def test_committed_docs_tables_and_readme_are_what_the_generator_makes_of_commit
         path = ROOT / "docs" / "results" / f"{name}.md"
         assert path.read_text(encoding="utf-8") == text, f"{path} is stale: run python dev/report.py"
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert report.readme_block(readme, tables) == readme, "README's Results block is stale: python dev/report.py"
+    assert report.readme_block(readme, ROOT / "results") == readme, "README's blocks are stale: python dev/report.py"
     generated = {f"{n}.md" for n in tables}
     assert {p.name for p in (ROOT / "docs" / "results").glob("*.md")} == generated  # nothing hand-made left
 
 
 def test_check_fails_on_an_edited_table_or_readme(tmp_path, capsys):
     docs, readme = tmp_path / "docs", tmp_path / "README.md"
-    readme.write_text(f"# t\n{report.README_START}\nstale text\n{report.README_END}\nafter\n")
+    start = report.README_START.format("results")
+    readme.write_text(f"# t\n{start}\nstale text\n{report.README_END}\nafter\n")
     flags = ["--docs-dir", str(docs), "--readme", str(readme), "--no-figures"]
     assert report.main(flags) == 0 and report.main([*flags, "--check"]) == 0
     text = readme.read_text()
-    assert text.startswith(f"# t\n{report.README_START}\n") and text.endswith(f"{report.README_END}\nafter\n")
+    assert text.startswith(f"# t\n{start}\nThe main job's two runs") and text.endswith(f"{report.README_END}\nafter\n")
     assert "stale text" not in text and rows_of((docs / "results" / "context.md").read_text())[0][0] == "model"
     edited = docs / "results" / "sweep.md"
     edited.write_text(edited.read_text() + "| a row typed by hand |\n")
@@ -137,10 +139,11 @@ def test_training_table_from_pretrain_json(results, tmp_path):
         "From `results/pretrain.json` (made by `python scripts/pretrain.py --minutes 10`), "
         "`results/pretrain-rope.json` (made by `python scripts/pretrain.py --rope --minutes 10`)")
     assert f"Machine: {MACHINE}\n" in training  # one machine for both runs, named once
-    assert "\n| :--- | :--- | :--- | ---: | ---: | ---: | ---: | ---: |\n" in training  # a rule cell per column
+    assert "\n| :--- | :--- | :--- | ---: | ---: | ---: | ---: | ---: | ---: |\n" in training  # a rule cell per column
     rows = rows_of(training)
+    assert rows[0][6:8] == ["tokens/s, median step", "tokens / wall time"]
     assert rows[1] == ["learned positions", "learned", "bfloat16", "1,250", f"{1250 * 4096:,}", "10.0",
-                       f"{1250 * 4096 / 600.5:,.0f}", "2.0000"]
+                       f"{1250 * 4096 / 600.5:,.0f}", f"{1250 * 4096 / 600.5:,.0f}", "2.0000"]
     assert rows[2][:4] == ["rotary embeddings", "rope", "bfloat16", "1,178"] and rows[2][-1] == "1.8750"
     shared = [r for r in rows[3:] if r[0] != "step"]
     assert [r[0] for r in shared] == ["0", "200", "400", "600", "800", "1,000"]  # steps both evaluated, only those
@@ -185,8 +188,9 @@ def test_precision_table_sets_a_second_run_beside_the_first():
     assert rows_of(table)[1:] == [["25", "3.0000", "3.0000", "+0.0000", "3.0000", "+0.0000", "+0.0000"],
                                   ["50", "3.0000", "3.0400", "+0.0400", "2.9500", "-0.0500", "+0.0900"]]
     assert "0.0400, outside the tolerance of 0.03." in table
-    assert "(`results/precision-again.json`: once more), the largest difference was 0.0500, and the two bfloat16 " \
-           "runs were up to 0.0900 apart." in table
+    assert "Run once more with the same settings (`results/precision-again.json`), the largest difference was " \
+           "0.0500, and the two bfloat16 runs were up to 0.0900 apart." in table
+    assert "once more)" not in table  # a JSON's note is for whoever reads the file, not for the page
 
 
 def test_precision_runs_table_gives_each_comparisons_settings_and_worst_step():
@@ -325,7 +329,6 @@ def test_episode_table_sets_each_episode_figure_beside_ours(results):
     rows = {row[0]: row[1:] for row in rows_of(report.build(results)[0]["episode"])}
     assert rows["CPU ms/token: rope, sliding cache"] == ["about 2.2 (0:19, 13:37)", "2.0"]
     assert rows["CPU: rope's window ÷ its sliding cache"] == ["about 5.3× (13:37)", "6.0×"]
-    assert rows["steps in the main job's run, rope (ten minutes in the episode)"] == ["1,178 (9:40)", "1,178"]
     assert rows["steps in ten minutes, rope (`pretrain.py --rope` as typed)"] == ["1,178 (9:40)", "650"]
     assert rows["held-out loss after ten minutes, learned (as typed)"] == ["about 2.25 (16:20)", "2.50"]
     assert rows["held-out loss at step 1,000, learned"] == ["about 2.31 (10:16)", "2.00"]
@@ -340,18 +343,23 @@ def test_ten_minutes_table_from_the_commands_as_typed(results):
     assert text.startswith("From `results/ten-minutes/pretrain.json` (made by `python scripts/pretrain.py "
                            "--minutes 10`), `results/ten-minutes/pretrain-rope.json` (made by")
     rows = rows_of(text)
-    assert rows[1] == ["learned positions", "Made-up CPU", "eager", "bfloat16", "700", f"{700 * 4096:,}", "10.0",
-                       f"{700 * 4096 / 600.5:,.0f}", "2.5000"]
-    assert rows[2][:5] == ["rotary embeddings", "Made-up CPU", "compiled", "bfloat16", "650"] and len(rows) == 3
+    assert rows[1] == ["learned positions", "Made-up CPU", "eager", "700", f"{700 * 4096:,}", "10.0",
+                       f"{700 * 4096 / 600.5:,.0f}", f"{700 * 4096 / 600.5:,.0f}", "2.5000"]
+    assert rows[2][:4] == ["rotary embeddings", "Made-up CPU", "compiled", "650"] and len(rows) == 3
+    assert "All in bfloat16. " in text  # one dtype: said once, not a column
     (results / "ten-minutes" / "pretrain-rope-eager.json").write_text(json.dumps(pretrain_json("learned", 500, 0.75)))
     other = {**pretrain_json("rope", 400, 1.0), "machine": "Other CPU (AVX2), 2 threads, torch x, cpu"}
     (results / "amd-epyc" / "ten-minutes").mkdir(parents=True)
     (results / "amd-epyc" / "ten-minutes" / "pretrain-rope.json").write_text(json.dumps(other))
     text = report.build(results)[0]["ten-minutes"]
     rows = rows_of(text)  # the eager run after the two, then the other CPU's runs, each naming its CPU
-    assert [r[:5] for r in rows[3:]] == [["rotary embeddings, --no-compile", "Made-up CPU", "eager", "bfloat16", "500"],
-                                         ["rotary embeddings", "Other CPU (AVX2)", "compiled", "bfloat16", "400"]]
+    assert [r[:4] for r in rows[3:]] == [["rotary embeddings", "Made-up CPU", "eager", "500"],
+                                         ["rotary embeddings", "Other CPU (AVX2)", "compiled", "400"]]
     assert "Machine: Made-up CPU, 2 threads, torch x, cpu; Other CPU (AVX2), 2 threads, torch x, cpu" in text
+    mixed = report.ten_minutes({"ten-minutes/pretrain.json": pretrain_json("learned", 700, 0.5),
+                                "ten-minutes/pretrain-rope.json": {**pretrain_json("rope", 300, 0.5),
+                                                                   "dtype": "float32"}})["ten-minutes"]
+    assert rows_of(mixed)[0][3] == "dtype" and rows_of(mixed)[2][3] == "float32" and "All in" not in mixed
 
 
 def test_bench_machines_sets_each_cpus_peaks_and_fastest_step_side_by_side(results):
@@ -394,13 +402,16 @@ def test_missing_inputs_give_placeholders_and_the_code_tables_are_still_made(tmp
     assert "| `wpe.weight` | 256 × 384 | learned |" in weights and "98,304 fewer" in weights
 
 
-def test_a_readme_without_markers_is_one_line_on_stderr(tmp_path, capsys):
+def test_a_readme_without_blocks_or_with_an_unknown_one_is_one_line_on_stderr(tmp_path, capsys):
     readme = tmp_path / "README.md"
-    readme.write_text("# no markers\n")
-    assert report.main(["--docs-dir", str(tmp_path / "docs"), "--readme", str(readme), "--no-figures"]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "lacks the <!-- report.py: start -->" in err
-    assert readme.read_text() == "# no markers\n" and not (tmp_path / "docs").exists()  # nothing written
+    for text, said in (("# no markers\n", "has no report.py block"),
+                       ("<!-- report.py: results -->\n<!-- report.py: end -->\n<!-- report.py: typo -->\n"
+                        "<!-- report.py: end -->\n", "names no block report.py makes (typo)")):
+        readme.write_text(text)
+        assert report.main(["--docs-dir", str(tmp_path / "docs"), "--readme", str(readme), "--no-figures"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and said in err and "with NAME one of main, pretrain," in err
+        assert readme.read_text() == text and not (tmp_path / "docs").exists()  # nothing written
 
 
 @needs_matplotlib
@@ -557,3 +568,91 @@ def test_linear_products_table_gives_each_product_beside_the_square():
     other = report.linear_products("amd-epyc/linear_products.json", "linear-products-amd-epyc")
     table = other({"amd-epyc/linear_products.json": d})["linear-products-amd-epyc"]  # another machine's, by name
     assert table.startswith("From `results/amd-epyc/linear_products.json` (made by `python dev/linear_products.py`)")
+
+
+def test_provenance_commands_are_ones_a_learner_can_type():
+    typed = report.typed
+    assert typed("python dev/precision_parity.py --json /tmp/final/precision.json --out-dir /tmp/parity-c "
+                 "--data-dir /work/run/data", "warmup100/precision.json") == \
+        "python dev/precision_parity.py --json results/warmup100/precision.json --out-dir checkpoints/precision"
+    assert typed("python scripts/pretrain.py --rope --data-dir data --runs-dir runs --out-dir checkpoints/x "
+                 "--json results/pretrain-rope.json", "schedule/pretrain-rope.json") == \
+        "python scripts/pretrain.py --rope --out-dir checkpoints/x --json results/schedule/pretrain-rope.json"
+    assert typed("python scripts/prepare.py --json results/data.json --source ../shared/data/tinystories",
+                 "data.json") == "python scripts/prepare.py --json results/data.json --source DIR"
+    assert typed("python scripts/finetune.py --prompt 'a b' -- --warmup 200", "x.json") == \
+        "python scripts/finetune.py --prompt 'a b' -- --warmup 200"  # quoting and the rest kept as they were
+    tables, _ = report.build(ROOT / "results")  # and no committed table shows a scratch path
+    assert not [n for n, t in tables.items() if re.search(r"/tmp/|/work/|/root/|shared/data", t)]
+
+
+def test_readme_blocks_show_the_lines_the_scripts_print(data_dir, tmp_path, capsys):
+    """Each README block's lines are made from a JSON; here the scripts write that JSON from a tiny run, and
+    what the block makes of it must be what they printed."""
+    import context
+    import evaluate
+    import pretrain
+
+    tiny = ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "16", "--batch-size", "2",
+            "--eval-batches", "1", "--eval-every", "2", "--warmup", "1", "--minutes", "0", "--max-steps", "2",
+            "--device", "cpu", "--data-dir", str(data_dir), "--runs-dir", str(tmp_path / "runs")]
+    for name, kind in (("pretrain", []), ("pretrain-rope", ["--rope"])):
+        pretrain.main([*tiny, *kind, "--out-dir", str(tmp_path / name), "--json", str(tmp_path / f"{name}.json")])
+        printed = capsys.readouterr().out.splitlines()
+        assert report.pretrain_printed(json.loads((tmp_path / f"{name}.json").read_text())) in printed
+    both = [str(tmp_path / "pretrain"), str(tmp_path / "pretrain-rope")]
+    for dtype in ("float32", "auto"):
+        evaluate.main([*both, "--device", "cpu", "--data-dir", str(data_dir), "--dtype", dtype,
+                       "--json", str(tmp_path / "e.json")])
+        printed = capsys.readouterr().out
+        assert report.evaluate_printed(json.loads((tmp_path / "e.json").read_text())) + "\n" in printed
+    context.main([*both, "--device", "cpu", "--length", "40", "--streams", "1", "--data-dir", str(data_dir),
+                  "--json", str(tmp_path / "c.json")])
+    printed = capsys.readouterr().out
+    assert report.context_printed(json.loads((tmp_path / "c.json").read_text())) + "\n" in printed
+
+
+def test_readme_blocks_name_their_files_machines_and_the_passes_over_the_data(results):
+    (results / "data.json").write_text(json.dumps(
+        {"vocab_size": 512, "train": {"stories": 10, "tokens": 2_048_000}, "held_out": {"stories": 2, "tokens": 9}}))
+    r = report.load_all(results)
+    assert set(r) >= {"ten-minutes/pretrain-rope.json", "episode.json", "data.json"}
+    expect = report.readme_expect(r)
+    assert "Ours on a Made-up CPU:" not in expect and "Ours on an Made-up CPU:" in expect  # no core count: 'an'
+    assert f"The main job's {1178 * 4096 / 1e6:.1f}M training tokens are about {1178 * 4096 / 2_048_000:.1f} passes" \
+        in expect and "Our runs read 2.0M training tokens (10 stories)" in expect
+    rows = {row[0]: row[1:] for row in rows_of(expect)}
+    assert rows["held-out loss after ten minutes, rope (as typed)"] == \
+        ["about 2.18 (9:40)", "2.25", "`results/ten-minutes/pretrain-rope.json`"]
+    assert rows["tokens seen in ten minutes, rope"][1] == f"{650 * 4096:,}"
+    assert all(f.get("readme") is None or f["what"] in rows for f in r["episode.json"]["figures"])
+    block = report.readme_pretrain(r)
+    assert block.startswith(f"```bash\n{report.EPISODE_COMMANDS['pretrain']}\n```") and "-> checkpoints/rope-10min" \
+        in block and f"Over the whole run it is {650 * 4096 / 600.5:,.0f}" in block
+    assert "These rows took" in report.readme_context(r) and report.context_seconds(r["context.json"]) == \
+        pytest.approx(sum(ms * 64 * 2 for ms in (8.0, 12.0, 2.0, 0.5)) / 1000)
+    results_rows = rows_of(report.readme_results(r))
+    assert results_rows[0][4:6] == ["tokens/s, median step", "tokens / wall time"]
+    assert results_rows[1] == ["learned positions", "1,250", f"{1250 * 4096:,}", "10.0", f"{1250 * 4096 / 600.5:,.0f}",
+                               f"{1250 * 4096 / 600.5:,.0f}", "2.2500", f"{math.exp(2.25):.1f}"]
+    assert report.where({"machine": "Intel(R) Xeon(R) Processor (AVX512), 2 threads of 2 cores, torch x, cpu"}) == \
+        "a 2-core Intel Xeon (AVX512)"
+    readme = "a\n<!-- report.py: expect -->\nold\n<!-- report.py: end -->\nb\n"
+    (results / "data.json").unlink()
+    assert report.readme_block(readme, results) == (
+        "a\n<!-- report.py: expect -->\nNot measured yet (`results/data.json`): run the main job, then "
+        "`python dev/report.py`.\n<!-- report.py: end -->\nb\n")
+
+
+def test_stories_table_marks_where_each_story_passes_the_window():
+    d = {"command": "python dev/stories.py checkpoints/pretrain --json results/stories.json", "machine": MACHINE,
+         "prompt": "Once upon a time", "tokens": 400, "temperature": 0.8, "top_k": 50, "seed": 1337,
+         "rows": [{"model": "pretrain", "kind": "learned", "window": 256, "before_window": ", Tom *ran*.",
+                   "past_window": " The end.<|endoftext|>Lily\nsaw a cat.", "tokens": 400, "tokens_past_window": 148,
+                   "ms_per_token": 30.25}]}
+    text = report.stories({"stories.json": d})["stories"]
+    assert text.startswith("From `results/stories.json` (made by `python dev/stories.py checkpoints/pretrain "
+                           "--json results/stories.json`)")
+    assert "`pretrain` (learned positions, 30.2 ms a token on the machine above):\n\n" \
+           "> Once upon a time, Tom \\*ran\\*. **[token 256: the window ends here]** The end. *(end of story)* " \
+           "Lily\n> saw a cat.\n" in text
