@@ -24,6 +24,7 @@ from pathlib import Path
 from mvgpt.model import GPT, GPTConfig
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))  # the scripts' own table printers (evaluate.table, context.table)
 README_START, README_END = "<!-- report.py: {} -->", "<!-- report.py: end -->"  # a named block of the README
 PLACEHOLDER = ('!!! note "Not measured yet"\n'
                "    `{missing}` is not in `results/`: run the main job, then `python dev/report.py`.\n")
@@ -879,22 +880,17 @@ def pretrain_printed(d: dict, out_dir: str | None = None) -> str:
 
 def evaluate_printed(d: dict, models: list[str] | None = None) -> str:
     """evaluate.py's table, as it prints it (the rows of `models`, all by default)."""
-    rows = [x for x in d["rows"] if models is None or x["model"] in models]
-    mixed = "loss_difference" in d["rows"][0]
-    lines = [f"{'model':<28} {'params':>12} {'loss':>8} {'perplexity':>11} {'accuracy':>9}"
-             + (f" {'vs float32':>11}" if mixed else "")]
-    lines += [f"{x['model']:<28} {x['params']:>12,} {x['loss']:>8.4f} {x['perplexity']:>11.3f} {x['accuracy']:>9.2%}"
-              + (f" {x['loss_difference']:>+11.4f}" if mixed else "") for x in rows]
-    return "\n".join([*lines, f"({d['rows'][0]['tokens']:,} held-out tokens per model)"])
+    import evaluate  # scripts/: the table is made by the function that prints it
+
+    return evaluate.table([x for x in d["rows"] if models is None or x["model"] in models])
 
 
 def context_printed(d: dict) -> str:
     """context.py's table, as it prints it."""
-    lines = [f"past the window: {d['streams']} streams of {d['length']} tokens, each scored from the end of its "
-             "model's first window", f"{'model':<28} {'method':<22} {'loss':>8} {'ms/token':>9}"]
-    lines += [f"{x['model']:<28} {x['method']:<22} {x['loss']:>8.4f} {x['ms_per_token']:>9.2f}" for x in d["rows"]]
-    lines += [f"note: {note}" for note in d.get("notes", [])]
-    return "\n".join([*lines, f"measured on {d['machine']}"])
+    import context
+
+    return "\n".join([context.table(context.title(d["streams"], d["length"]), d["rows"], d.get("notes", [])),
+                      f"measured on {d['machine']}"])
 
 
 def context_seconds(d: dict) -> float:

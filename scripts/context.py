@@ -107,14 +107,22 @@ def score(name: str, method: str, fn: Callable, model: GPT, streams: list[torch.
             "ms_per_token": sum(ms) / len(ms), "position_losses": per_position.tolist()}
 
 
-def print_rows(title: str, rows: list[dict], notes: list[str]) -> None:
-    print(title)
+def table(title: str, rows: list[dict], notes: list[str]) -> str:
+    """The table as printed: a title, a row per model and method, the notes."""
     width = max(28, *(len(row["model"]) for row in rows))
-    print(f"{'model':<{width}} {'method':<22} {'loss':>8} {'ms/token':>9}")
-    for row in rows:
-        print(f"{row['model']:<{width}} {row['method']:<22} {row['loss']:>8.4f} {row['ms_per_token']:>9.2f}")
-    for note in notes:
-        print(f"note: {note}")
+    lines = [title, f"{'model':<{width}} {'method':<22} {'loss':>8} {'ms/token':>9}"]
+    lines += [f"{row['model']:<{width}} {row['method']:<22} {row['loss']:>8.4f} {row['ms_per_token']:>9.2f}"
+              for row in rows]
+    return "\n".join(lines + [f"note: {note}" for note in notes])
+
+
+def print_rows(title: str, rows: list[dict], notes: list[str]) -> None:
+    print(table(title, rows, notes))
+
+
+def title(streams: int, length: int) -> str:
+    return (f"past the window: {streams} streams of {length} tokens, each scored from the end of its model's "
+            "first window")
 
 
 def past_window(args: argparse.Namespace, models: list[tuple[str, GPT]], streams: list[torch.Tensor]) -> dict:
@@ -137,8 +145,7 @@ def past_window(args: argparse.Namespace, models: list[tuple[str, GPT]], streams
             rows.append({**score(name, method, LOSS_METHODS[method], model, streams), "window": W})
     if not rows:
         raise SystemExit(f"error: --length {args.length} does not reach past any model's window: make it longer")
-    print_rows(f"past the window: {len(streams)} streams of {args.length} tokens, each scored from the end "
-               "of its model's first window", rows, notes)
+    print_rows(title(len(streams), args.length), rows, notes)
     return {"length": args.length, "streams": len(streams), "window": min(windows_seen), "rows": rows,
             "notes": notes}
 
@@ -189,7 +196,9 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser().parse_args(argv)
     device, models, val = load(args)
     args.length = args.length or 3 * min(model.config.block_size for _, model in models)
-    return finish(args, device, past_window(args, models, held_out_streams(args, val, device)))
+    t0 = time.perf_counter()
+    result = past_window(args, models, held_out_streams(args, val, device))
+    return finish(args, device, {**result, "seconds": time.perf_counter() - t0})
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import time
 from pathlib import Path
 
 import numpy as np
@@ -81,6 +82,37 @@ def evaluate(model: GPT, tokens, device: torch.device, max_tokens: int | None = 
     return result
 
 
+# ----------------------------------------------------------------------------------------------
+# The table, as printed (dev/report.py shows it in the README from the --json file)
+
+
+def name_width(names) -> int:
+    return max(28, *(len(name) for name in names))
+
+
+def header(width: int, mixed: bool) -> str:
+    return (f"{'model':<{width}} {'params':>12} {'loss':>8} {'perplexity':>11} {'accuracy':>9} {'bits/byte':>9}"
+            + (f" {'vs float32':>11}" if mixed else ""))
+
+
+def row_line(row: dict, width: int, mixed: bool) -> str:
+    bpb = f"{row['bits_per_byte']:>9.4f}" if "bits_per_byte" in row else f"{'-':>9}"  # not in older JSON
+    return (f"{row['model']:<{width}} {row['params']:>12,} {row['loss']:>8.4f} {row['perplexity']:>11.3f} "
+            f"{row['accuracy']:>9.2%} {bpb}" + (f" {row['loss_difference']:>+11.4f}" if mixed else ""))
+
+
+def footer(rows: list[dict]) -> str:
+    text = f", {rows[0]['bytes']:,} bytes of text" if "bytes" in rows[0] else ""
+    return (f"({rows[0]['tokens']:,} held-out tokens per model{text}; loss in nats per token, bits/byte the "
+            "same loss in bits per byte of text)")
+
+
+def table(rows: list[dict]) -> str:
+    """The whole table, as main() prints it row by row."""
+    width, mixed = name_width(row["model"] for row in rows), "loss_difference" in rows[0]
+    return "\n".join([header(width, mixed), *(row_line(row, width, mixed) for row in rows), footer(rows)])
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoints", nargs="+", type=existing_path,
@@ -103,9 +135,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     models = read_models(args.checkpoints, device, tok_hash)
     rows = []
     mixed = dtype != torch.float32
-    width = max(28, *(len(name) for name, _ in models))
-    print(f"{'model':<{width}} {'params':>12} {'loss':>8} {'perplexity':>11} {'accuracy':>9} {'bits/byte':>9}"
-          + (f" {'vs float32':>11}" if mixed else ""))
+    width = name_width(name for name, _ in models)
+    print(header(width, mixed))
+    t0 = time.perf_counter()
     for name, model in models:
         apply_context_args(model, args)
         row = {"model": name, "params": model.num_params(), "context": model.context,
@@ -115,15 +147,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
             row["loss_float32"] = evaluate(model, val, device, args.tokens, args.batch_size)["loss"]
             row["loss_difference"] = row["loss"] - row["loss_float32"]
         rows.append(row)
-        print(
-            f"{row['model']:<{width}} {row['params']:>12,} {row['loss']:>8.4f} "
-            f"{row['perplexity']:>11.3f} {row['accuracy']:>9.2%} {row['bits_per_byte']:>9.4f}"
-            + (f" {row['loss_difference']:>+11.4f}" if mixed else "")
-        )
-    print(f"({rows[0]['tokens']:,} held-out tokens per model, {rows[0]['bytes']:,} bytes of text; loss in nats "
-          "per token, bits/byte = the same loss in bits per byte of text)")
+        print(row_line(row, width, mixed))
+    print(footer(rows))
     if args.json:
-        write_json(args.json, {"machine": machine(device), "rows": rows})
+        write_json(args.json, {"machine": machine(device), "seconds": time.perf_counter() - t0, "rows": rows})
     return rows
 
 
