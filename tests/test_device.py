@@ -40,3 +40,48 @@ def test_time_it_gives_the_median_or_what_it_is_asked(monkeypatch):
     assert time_it(lambda: None, "cpu", repeats=3, warmup=0) == 2.0
     clock = iter([0.0, 3.0, 3.0, 4.0, 4.0, 6.0])
     assert time_it(lambda: None, "cpu", repeats=3, warmup=0, summary=min) == 1.0  # a ceiling's: the best
+
+
+# ----------------------------------------------------------------------------------------------
+# Apple's GPU (MPS) has no float64: nothing the model runs may make a float64 tensor off the CPU
+
+
+class Float64OffTheCPU(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records every operation whose result is a float64 tensor on a device other than the CPU."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        results = out if isinstance(out, tuple | list) else [out]
+        if any(isinstance(t, torch.Tensor) and t.dtype == torch.float64 and t.device.type != "cpu" for t in results):
+            self.seen.append(str(func))
+        return out
+
+
+@pytest.mark.parametrize("method", ["none", "linear", "ntk", "yarn", "dynamic-ntk"])
+def test_the_model_generate_and_the_scaled_tables_make_no_float64_tensor_off_the_cpu(method):
+    """The "meta" device stands in for a GPU (it keeps shapes and dtypes, no data): the model reads its
+    angles there, through generate past twice the window (the table grows on the device), with each
+    scaled table (long_context.set_context) and dynamic NTK's, whose angles are made at every step."""
+    from conftest import tiny_model
+
+    from mvgpt.long_context import DynamicNTKCache, set_context
+
+    model = tiny_model(rope=True)  # block_size 16: the table holds 32 positions, then grows
+    if method != "none":
+        set_context(model, 32, method)
+    model.to("meta")
+    prompt = torch.zeros(1, 5, dtype=torch.long, device="meta")
+    with Float64OffTheCPU() as mode:
+        for _ in model.generate(prompt, 60, temperature=0):
+            pass
+        model(torch.zeros(2, 16, dtype=torch.long, device="meta"), torch.zeros(2, 16, dtype=torch.long, device="meta"))
+    assert mode.seen == []
+    assert model.angles.cos.device.type == "meta" and model.angles.cos.dtype == torch.float32
+    if method == "dynamic-ntk":
+        assert model.new_cache.func is DynamicNTKCache
+    else:  # the table grew, on the device, in float32
+        assert model.angles.cos.shape[0] > 60
