@@ -93,7 +93,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--min-lr-ratio", type=float, default=0.1, help="final lr as a share of --lr")
-    p.add_argument("--warmup", type=int, default=200, help="warm-up steps (why 200: docs/pretraining.md)")
+    p.add_argument("--warmup", type=int, default=200, help="warm-up steps (why 200: docs/pretraining.md); bounded "
+                   "by --minutes, at most the steps that fit in a fifth of them (mvgpt.train.WARMUP_SHARE)")
     p.add_argument("--weight-decay", type=float, default=0.1)
     p.add_argument("--grad-clip", type=float, default=1.0, help="gradient norm clip (0: none)")
     p.add_argument("--max-steps", type=int, help="train this many steps; the schedule follows the steps")
@@ -452,10 +453,15 @@ def train(run: dict, args: argparse.Namespace) -> dict:
                             val_loss=val_loss)
 
     model.train()
+    first = step  # this process's first step (it compiles, where it does): the pace leaves it out
     while step < max_steps and elapsed < budget:
         t0 = clock()
-        # the learning rate: warm-up, then cosine over the steps (--max-steps) or over the clock
-        lr = lr_at(step, args.lr, args.warmup, args.min_lr_ratio, args.max_steps, elapsed, budget)
+        # the learning rate: warm-up, then cosine over the steps (--max-steps) or over the clock; bounded by
+        # the clock, the warm-up ends in time too, at the pace of the steps so far (rank 0's clock on every rank)
+        if step == first + 1:
+            after_first = elapsed
+        pace = (elapsed - after_first) / (step - first - 1) if step > first + 1 else None
+        lr = lr_at(step, args.lr, args.warmup, args.min_lr_ratio, args.max_steps, elapsed, budget, pace)
         for group in optimizer.param_groups:
             group["lr"] = lr
         # the batch: depends only on (seed, rank, step), so a resumed run sees the same ones
