@@ -130,7 +130,8 @@ def compile_pays(device: torch.device | str, dtype: torch.dtype, seconds: float)
     says no, and --compile asks.
 
     Not on Apple's GPU (MPS): inductor's Metal backend is young, and nothing here was measured
-    there; nor on a CUDA GPU until dev/gpu_check.sh has measured it (ask with --compile).
+    there; nor on a CUDA GPU until dev/gpu_check.sh has measured it there (its choices.json: the
+    compiled rope run's step speed over the eager one's, in the same minutes); ask with --compile.
     """
     return (torch.device(device).type == "cpu" and dtype == torch.bfloat16 and seconds >= COMPILE_PAYS_AFTER_S
             and platform.system() in ("Linux", "Darwin")  # elsewhere inductor wants another toolchain

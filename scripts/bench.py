@@ -36,6 +36,7 @@ Examples:
     python scripts/bench.py --json results/bench.json     # the full benchmark: 2 to 4 minutes on a CPU
     python scripts/bench.py --compile --json results/bench.json    # and the compiled steps
     python scripts/bench.py --compile --dtype float32 --json results/bench-float32.json  # float32's rows first
+    python scripts/bench.py --device cuda --only decoding --compile    # a GPU's decoding (dev/gpu_check.sh)
     python scripts/bench.py --quick                        # fewer steps, smaller ceilings: a minute
     python scripts/bench.py --quick --n-layer 2 --n-embd 64 --n-head 2 --block-size 32 \\
         --vocab-size 256 --batch-size 4 --batches 1,2 --json /tmp/bench.json   # a tiny CPU run, seconds
@@ -400,14 +401,18 @@ def estimate_parts(rates: dict[str, float], learned: GPTConfig, rope: GPTConfig,
 
 
 class Plan:
-    """The parts' estimates, and those over the limit, skipped."""
+    """The parts' estimates; those over the limit are skipped, and those `only` leaves out."""
 
-    def __init__(self, estimates: dict[str, float], limit_s: float, rates: dict[str, float]) -> None:
+    def __init__(self, estimates: dict[str, float], limit_s: float, rates: dict[str, float],
+                 only: tuple[str, ...] = ()) -> None:
         self.estimates, self.limit_s, self.rates = estimates, limit_s, rates
-        self.skipped = {name: s for name, s in estimates.items() if s > limit_s and name in SKIPPABLE}
+        self.unasked = {name for name in SKIPPABLE  # the ceilings always: every figure is measured against them
+                        if only and name != "bf16 matmul peak" and not any(word in name for word in only)}
+        self.skipped = {name: s for name, s in estimates.items()
+                        if s > limit_s and name in SKIPPABLE and name not in self.unasked}
 
     def runs(self, part: str) -> bool:
-        return part not in self.skipped
+        return part not in self.skipped and part not in self.unasked
 
     @property
     def seconds(self) -> float:
@@ -419,6 +424,8 @@ class Plan:
         said = [f"plan: about {minutes(self.seconds)} on this machine, by a probe of {PROBE_N} x {PROBE_N} products "
                 f"(fp32 {r['matmul_fp32_flops'] / 1e9:,.1f} GFLOP/s, bf16 {r['matmul_bf16_flops'] / 1e9:,.1f} "
                 f"GFLOP/s) and memory ({r['read_bandwidth'] / 1e9:.1f} GB/s)"]
+        if self.unasked:
+            said.append(f"not asked (--only): {', '.join(sorted(self.unasked))}")
         for part, seconds in self.skipped.items():
             dtype = "bf16" if "bf16" in part or "bfloat16" in part else "fp32"
             instead = ": the probe's figure stands in" if part == "bf16 matmul peak" else ""
@@ -533,6 +540,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--no-tune-malloc", action="store_true", help="leave glibc's malloc as it is")
     p.add_argument("--batches", type=positive_ints, default="1,8,32", help="batch sizes for generation with the cache")
     p.add_argument("--note", default="", help="a line on the conditions, kept with the figures (e.g. a busy machine)")
+    p.add_argument("--only", type=lambda text: tuple(text.split(",")), default=(),
+                   help="only the parts named by these words, e.g. decoding,generation (the ceilings always; "
+                        "words: training, float32, bfloat16, decoding, generation, compiled)")
     p.add_argument("--limit-minutes", type=positive_float, default=LIMIT_MINUTES,
                    help="skip any part estimated to take longer than this here (default %(default)g: bf16 where "
                         "it is emulated)")
@@ -561,7 +571,7 @@ def main(argv: list[str] | None = None) -> dict:
     # the plan: a probe of the machine, each part's time from it, and what would take too long here
     rates = probe(device)
     plan = Plan(estimate_parts(rates, learned, rope, device, args.batch_size, dtype, quick, args.compile, threads,
-                               args.batches, not args.no_tune_malloc), 60 * args.limit_minutes, rates)
+                               args.batches, not args.no_tune_malloc), 60 * args.limit_minutes, rates, args.only)
     for line in plan.lines():
         print(line, flush=True)
     runs = plan.runs
@@ -633,6 +643,7 @@ def main(argv: list[str] | None = None) -> dict:
         "probe": rates,
         "estimated_seconds": plan.seconds,
         "skipped": [{"part": part, "estimated_seconds": seconds} for part, seconds in plan.skipped.items()],
+        "not_asked": sorted(plan.unasked),
         "ceilings": ceilings,
         "training": training,
         "training_bf16_over_fp32": {

@@ -279,3 +279,20 @@ def test_the_plan_says_its_durations_in_seconds_minutes_or_hours():
 
     assert [bench.minutes(s) for s in (42.4, 119.0, 150.0, 7199.0, 5 * 3600.0)] == [
         "42 s", "119 s", "2 min", "120 min", "5 hours"]
+
+
+def test_only_runs_the_parts_asked_for_and_the_ceilings(capsys):
+    """bench.py --only decoding (dev/gpu_check.sh's: a GPU's decoding without its training's compiles)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import bench
+
+    result = bench.main([*TINY, "--quick", "--only", "decoding"])
+    assert result["training"] == [] and result["generation"] == [] and result["training_malloc_untuned"] is None
+    assert set(result["decoding"]["cached_ms_by_dtype"]) == {"float32", "bfloat16"}
+    assert {"matmul_fp32_flops", "matmul_bf16_flops", "read_bandwidth"} <= set(result["ceilings"])
+    assert "matmul_bf16_n" not in result["ceilings"]  # measured, not the probe's
+    assert result["not_asked"] == ["compiled training in bfloat16", "compiled training in float32", "generation",
+                                   "training in bfloat16", "training in float32"]
+    assert "not asked (--only): compiled training in bfloat16, compiled training in float32, generation" in (
+        capsys.readouterr().out)
+    assert not any(row[0].startswith("training") for row in bench.summary_rows(result))

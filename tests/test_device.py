@@ -1,3 +1,4 @@
+import math
 import time
 
 import pytest
@@ -85,3 +86,51 @@ def test_the_model_generate_and_the_scaled_tables_make_no_float64_tensor_off_the
         assert model.new_cache.func is DynamicNTKCache
     else:  # the table grew, on the device, in float32
         assert model.angles.cos.shape[0] > 60
+
+
+# ----------------------------------------------------------------------------------------------
+# On a CUDA GPU (skipped without one; dev/gpu_check.sh runs these first)
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU here (dev/gpu_check.sh runs these on one)")
+
+
+@cuda
+def test_on_a_cuda_gpu_the_cache_gives_the_full_forwards_logits_and_the_angles_grow_in_float32():
+    from conftest import tiny_model
+
+    from mvgpt.model import KVCache
+
+    model = tiny_model(rope=True).cuda()
+    idx = torch.randint(0, 64, (2, 40), generator=torch.Generator().manual_seed(1)).cuda()
+    full, _ = model(idx)  # 40 positions: the table of 32 grows, on the GPU
+    cache = KVCache(model.config, 2, capacity=40, device="cuda")
+    steps = torch.cat([model(idx[:, i : i + 1], cache=cache)[0] for i in range(40)], dim=1)
+    torch.testing.assert_close(steps, full, atol=1e-4, rtol=0)
+    assert model.angles.cos.device.type == "cuda" and model.angles.cos.dtype == torch.float32
+    tokens = torch.cat(list(model.generate(idx[:1, :5], 60, temperature=0)), dim=1)  # sliding past the window
+    assert tokens.shape == (1, 60) and tokens.device.type == "cuda"
+
+
+@cuda
+def test_on_a_cuda_gpu_pretrain_trains_in_the_dtype_auto_picks(data_dir, tmp_path):
+    import pretrain
+
+    from mvgpt.precision import dtype_name, resolve_dtype
+
+    summary = pretrain.main(["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "16",
+                             "--batch-size", "4", "--eval-batches", "1", "--max-steps", "3", "--device", "cuda",
+                             "--data-dir", str(data_dir), "--out-dir", str(tmp_path / "run"),
+                             "--runs-dir", str(tmp_path / "runs")])
+    assert summary["steps"] == 3 and summary["dtype"] == dtype_name(resolve_dtype("auto", "cuda"))
+    assert "cuda" in summary["machine"] and math.isfinite(summary["val_loss"])
+
+
+@cuda
+def test_on_a_cuda_gpu_bench_measures_decoding():
+    import bench
+
+    result = bench.main(["--n-layer", "2", "--n-head", "2", "--n-embd", "32", "--block-size", "16", "--vocab-size",
+                         "64", "--batch-size", "2", "--batches", "1,2", "--device", "cuda", "--quick", "--only",
+                         "decoding"])
+    assert result["device"] == "cuda" and result["decoding"]["cached_ms"] > 0
+    assert set(result["decoding"]["cached_ms_by_dtype"]) == {"float32", "bfloat16"}
