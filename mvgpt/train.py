@@ -51,6 +51,7 @@ def lr_at(
     elapsed: float = 0.0,
     budget: float | None = None,
     step_seconds: float | None = None,
+    share: float = WARMUP_SHARE,
 ) -> float:
     """The learning rate of step `step` (0-based): linear warm-up over `warmup` steps, then a cosine
     decay to lr * min_ratio.
@@ -59,15 +60,15 @@ def lr_at(
     over the clock when it has only a time budget: at `elapsed` seconds of `budget`, the cosine is
     at elapsed / budget of its way, so it reaches its floor when the time is up on any device.
     Bounded by the clock, the warm-up is too: at `step_seconds` a step (the pace so far), it takes
-    the lesser of `warmup` steps and the steps that fit in WARMUP_SHARE of the budget, so a slow
-    machine leaves it in time to decay (a fast one, whose steps end it first, is unchanged). The
-    pace is the steps' own, not the clock's so far, so the time a first step spends compiling does
-    not hurry the warm-up.
+    the lesser of `warmup` steps and the steps that fit in `share` of the budget, so a slow machine
+    leaves it in time to decay (a fast one, whose steps end it first, is unchanged; share 0: the
+    steps alone). The pace is the steps' own, not the clock's so far, so the time a first step
+    spends compiling does not hurry the warm-up.
     """
     if max_steps is None:
         assert budget is not None and budget > 0, "a run without max_steps needs a time budget"
-        if step_seconds:
-            warmup = min(warmup, max(1.0, WARMUP_SHARE * budget / step_seconds))
+        if step_seconds and share:
+            warmup = min(warmup, max(1.0, share * budget / step_seconds))
     if step < warmup:
         return lr * min(1.0, (step + 1) / warmup)
     if max_steps is not None:

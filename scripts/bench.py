@@ -25,8 +25,9 @@ so what is compared is a ratio, not two numbers from different days:
 --dtype picks the headline precision (auto: bf16 where the hardware has it): the goal rows, the
 profiles and generation use it; training and decoding are measured in both.
 
-How long: two to four minutes on a 2-core CPU, about a minute more with --compile (inductor's cache
-warm). It starts with a probe of a second or two (small matrix products in float32 and bf16, memory),
+How long: a few minutes on a 2-core CPU (with --compile, inductor's cache warm: 124 s on the Intel
+Xeon, 207 s on the AMD EPYC, the "seconds" of results/bench.json and results/amd-epyc/bench.json).
+It starts with a probe of a second or two (small matrix products in float32 and bf16, memory),
 estimates each part's time from it, prints the plan, and skips any part that would take longer than
 --limit-minutes (5) on this machine, in one line naming it and its estimate: on a CPU without bf16
 instructions, bf16 products are emulated, about 300 times slower than float32, and bf16 training

@@ -261,6 +261,7 @@ def test_bounded_by_the_clock_the_warm_up_is_the_lesser_of_its_steps_and_a_share
     assert lr(0, elapsed=0.0, step_seconds=1e6) == 1.0  # a step longer than the share: at the peak at once
     # bounded by steps, the pace changes nothing
     assert lr_at(5, 1.0, 200, 0.1, max_steps=1000, step_seconds=4.0) == lr_at(5, 1.0, 200, 0.1, max_steps=1000)
+    assert lr(29, elapsed=116.0, step_seconds=4.0, share=0.0) == 30 / 200  # share 0: the steps alone
 
 
 @pytest.mark.parametrize("tick, warmup, leaves_at", [
@@ -282,8 +283,13 @@ def test_a_run_bounded_by_time_leaves_its_warm_up_in_time_and_ends_at_the_floor(
     if warmup == 5:  # where the steps bound it, the schedule is the one without a pace, step for step
         assert rates == [lr_at(r["step"] - 1, 2e-3, warmup, 0.1, None, t, 6.0) for r, t in zip(log, before,
                                                                                                strict=True)]
-    else:  # a fixed-step warm-up would still be climbing when the time is up
+    else:  # a fixed-step warm-up would still be climbing when the time is up: --warmup-share 0 keeps it
         assert lr_at(len(log) - 1, 2e-3, warmup, 0.1, None, before[-1], 6.0) < 2e-3 / 3
+        monkeypatch.setattr(pretrain, "clock", FakeClock(tick))
+        train(root, "fixed", "--minutes", "0.1", "--warmup", str(warmup), "--eval-every", "1000", "--ckpt-every",
+              "1000", "--warmup-share", "0")
+        fixed = [r["lr"] for r in records(root / "fixed") if "loss" in r]
+        assert fixed == [2e-3 * min(1.0, (s + 1) / warmup) for s in range(len(fixed))] and fixed[-1] < 2e-3 / 3
 
 
 def test_resume_continues_the_clock(root, monkeypatch):
@@ -396,6 +402,7 @@ BAD_FLAGS = [
     ["--minutes", "nan"], ["--minutes", "-1"], ["--minutes", "inf"], ["--max-steps", "0"], ["--warmup", "-1"],
     ["--eval-batches", "0"], ["--weight-decay", "-0.1"], ["--n-head", "5"], ["--rope-factor", "0"],
     ["--minutes", "0", "--max-steps", "-5"], ["--dtype", "float16"], ["--resume", "--overwrite"],
+    ["--warmup-share", "1.5"], ["--warmup-share", "-0.1"],
 ]
 
 
