@@ -467,7 +467,8 @@ def bench(r: dict) -> dict:
     c, d, goals = b["ceilings"], b["decoding"], b.get("goals", {})
     goal = lambda key, fmt: fmt.format(goals[key]) if key in goals else ""
     peak_name = "bf16" if c.get("training_peak") == "matmul_bf16_flops" else "fp32"
-    rows = [[f"{kind} matmul peak", f"{c[key] / 1e9:,.1f} GFLOP/s", f"{c['matmul_n']}² product", "", ""]
+    rows = [[f"{kind} matmul peak", f"{c[key] / 1e9:,.1f} GFLOP/s", f"{c.get(key[:-6] + '_n', c['matmul_n'])}² product"
+             + (" (bench's probe)" if key[:-6] + "_n" in c else ""), "", ""]
             for kind, key in (("fp32", "matmul_fp32_flops"), ("bf16", "matmul_bf16_flops")) if key in c]
     rows += [[f"memory read{label}", f"{c[key] / 1e9:.1f} GB/s", f"sum of {c['bandwidth_mbytes']} MB", "", ""]
              for label, key in (("", "read_bandwidth"), (", 1 thread", "read_bandwidth_1_thread")) if key in c]
@@ -484,6 +485,9 @@ def bench(r: dict) -> dict:
         rows.append([f"training ({label})", f"{t['tokens_per_s']:,.0f} tokens/s = {t['flops'] / 1e9:,.1f} GFLOP/s",
                      f"{peak_name} peak", f"{t['share_of_peak']:.2f} of peak",
                      goal("training_share_of_peak", "≥ {:g}")])
+    rows += [[f"training ({kind}, float32): against float32's products", f"{share:.2f} of the fp32 peak",
+              f"fp32 peak {c['matmul_fp32_flops'] / 1e9:,.1f} GFLOP/s", "", ""]
+             for kind, share in float32_shares(b).items()]
     rows += [[f"training ({kind}): compiled over eager, side by side",
               ", ".join(f"{name} {ratio:.2f}×" for name, ratio in ratios.items()), "the same step", "", ""]
              for kind, ratios in b.get("training_compiled_over_eager", {}).items()]
@@ -516,6 +520,8 @@ def bench(r: dict) -> dict:
     rows += [[f"generation, batch {g['batch']}", f"{g['tokens_per_s']:,.0f} tokens/s",
               f"floor {g['floor_tokens_per_s']:,.0f}", f"{g['share_of_floor']:.2f} of floor", ""]
              for g in b["generation"]]
+    rows += [[skipped["part"], "skipped", f"about {skipped['estimated_seconds'] / 60:,.0f} min on this machine",
+              "", ""] for skipped in b.get("skipped", [])]
     body = table(["figure", "measured", "against", "ratio", "goal"], rows, "lllrl")
     body += f"\n{b['threads']} threads" + (", glibc malloc tuned" if b.get("malloc_tuned") else "") + (
         ", --quick (rougher figures)" if b.get("quick") else "") + f", {b['date'][:10]}. {b.get('note', '')}".rstrip()
@@ -559,6 +565,15 @@ def bench(r: dict) -> dict:
             "bench.png": draw}
 
 
+def float32_shares(b: dict) -> dict[str, float]:
+    """{kind: the eager float32 training step's FLOP/s over the fp32 matmul peak} of a bench.json (computed
+    from its figures where the bench predates the key)."""
+    if "training_float32_share_of_fp32_peak" in b:
+        return b["training_float32_share_of_fp32_peak"]
+    return {t["kind"]: t["flops"] / b["ceilings"]["matmul_fp32_flops"] for t in b["training"]
+            if t.get("dtype", "float32") == "float32" and not t.get("compiled")}
+
+
 def bench_machines(r: dict) -> dict:
     """The bench's ceilings, its fastest training step of each kind and batch-1 decoding on every CPU measured,
     a column each."""
@@ -599,6 +614,8 @@ def bench_machines(r: dict) -> dict:
             ["memory read", *(f"{b['ceilings']['read_bandwidth'] / 1e9:.1f} GB/s" for _, b in benches)],
             *[[f"training, {kind}: the fastest step", *(fastest(b, kind) for _, b in benches)]
               for kind in ("learned", "rope")],
+            ["training, float32 (eager): the fp32 peak's share", *(", ".join(
+                f"{kind} {share:.2f}" for kind, share in float32_shares(b).items()) or "–" for _, b in benches)],
             ["the matrix products' share of the last profiled rope step", *(products(b) for _, b in benches)],
             *[[f"decoding, sliding cache, {dtype} weights", *(decoding(b, dtype) for _, b in benches)]
               for dtype in ("float32", "bfloat16")],

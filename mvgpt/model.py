@@ -76,10 +76,11 @@ def rotary(
     between them they tell near and far apart. A model fine-tuned with interpolated positions
     divides them by its linear_factor, always.
     """
-    positions = torch.arange(start, start + T, device=device, dtype=torch.float64) / linear_factor
-    speeds = theta ** (-torch.arange(0, head_size, 2, device=device, dtype=torch.float64) / head_size)
-    angles = torch.outer(positions, speeds)  # (T, head/2), in float64: exact far into a story
-    return angles.cos().float(), angles.sin().float()
+    # in float64 on the CPU (exact far into a story; Apple's GPU has no float64), then to the device
+    positions = torch.arange(start, start + T, device="cpu", dtype=torch.float64) / linear_factor
+    speeds = theta ** (-torch.arange(0, head_size, 2, device="cpu", dtype=torch.float64) / head_size)
+    angles = torch.outer(positions, speeds)  # (T, head/2)
+    return angles.cos().float().to(device), angles.sin().float().to(device)
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -104,10 +104,12 @@ def tune_malloc() -> bool:
         return False
 
 
-# A training run of at least this many seconds earns back compiling its step, where compiling pays:
-# on this project's CPU the compiled bf16 step ran 1.13x to 1.30x the eager one, float32's 0.99x to
-# 1.09x (results/bench.json, "compiled over eager", now and at commit a58ffb1), and a ten-minute
-# run that compiled with inductor's cache empty still got through more steps than the eager one
+# A training run of at least this many seconds earns back compiling its step, where compiling pays. The
+# rule: a run of S seconds whose compiled step runs r times the eager one's speed saves S (1 - 1/r)
+# seconds, and pays if that is more than compiling costs (about 30 s with inductor's cache empty, seconds
+# with it warm). In bf16 on a CPU r was 1.07 to 1.30 (results/bench.json and results/amd-epyc/bench.json,
+# "compiled over eager"): at r = 1.13 thirty seconds are earned back in about 300, and a ten-minute run
+# that compiled with inductor's cache empty got through more steps than the eager one on both CPUs
 # (docs/pretraining.md, "Ten minutes, as typed").
 COMPILE_PAYS_AFTER_S = 300.0
 
@@ -118,8 +120,18 @@ def compile_pays(device: torch.device | str, dtype: torch.dtype, seconds: float)
 
     Yes in bf16 on a CPU, for five minutes or more, where inductor can build its C++ loops (Linux or
     macOS, a C++ compiler, Python's headers): what it fuses (the norms, GELU, softmaxes, casts) is
-    much of a bf16 step there. Not in float32 on a CPU (the compiled step is a few percent faster at
-    most), and not where it was not measured (a GPU: ask with --compile).
+    much of a bf16 step there.
+
+    Not in float32 on a CPU, measured side by side on both CPUs (and on the AMD again, busy): the
+    learned step gains nothing (0.98 to 1.05 times the eager speed), the rope step 1.08 times on a
+    quiet host (1.50 on the busy one, whose eager step waits on each of rotate's small operations).
+    So compiling pays only for a rope run longer than about 13 times its compile time (ten minutes
+    and more with the cache empty), as the main job's 1,000-step runs; not knowing the kind, this
+    says no, and --compile asks.
+
+    Not on Apple's GPU (MPS): inductor's Metal backend is young, and nothing here was measured
+    there; nor on a CUDA GPU until dev/gpu_check.sh has measured it there (its choices.json: the
+    compiled rope run's step speed over the eager one's, in the same minutes); ask with --compile.
     """
     return (torch.device(device).type == "cpu" and dtype == torch.bfloat16 and seconds >= COMPILE_PAYS_AFTER_S
             and platform.system() in ("Linux", "Darwin")  # elsewhere inductor wants another toolchain

@@ -12,6 +12,12 @@ AVX512-BF16 or AMX (Intel Sapphire Rapids and later, AMD Zen 4 and later). Elsew
 converts to float32 and back around every product, and bf16 is slower than float32. `auto` asks
 PyTorch what the hardware has and, where it only says "emulated", times one product both ways.
 
+Apple's GPU (MPS): `auto` is float32. MPS multiplies bf16 (macOS 14 and later), but whether that is
+faster there was never measured, so `auto` takes the safe choice; `--dtype bfloat16` asks for bf16
+products under torch.autocast("mps"). MPS has no float64 at all: the angle tables are made in float64
+on the CPU and moved in float32 (model.rotary). Nothing is compiled there unless asked
+(mvgpt.perf.compile_pays). tests/test_precision.py holds these choices on a machine without MPS.
+
 Examples:
     dtype = resolve_dtype("auto", device)          # torch.bfloat16 on this CPU (AMX), or float32
     with autocast(device, dtype):

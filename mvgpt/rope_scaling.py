@@ -83,10 +83,11 @@ def scaled_rotary(
 
     Under yarn they are scaled by its magnitude (see `scaled_angles`), so they are not unit length.
     """
-    positions = torch.arange(start, start + T, device=device, dtype=torch.float64) / linear_factor
-    speeds = theta ** (-torch.arange(0, head_size, 2, device=device, dtype=torch.float64) / head_size)
+    # in float64 on the CPU, as model.rotary (Apple's GPU has no float64), then float32 to the device
+    positions = torch.arange(start, start + T, device="cpu", dtype=torch.float64) / linear_factor
+    speeds = theta ** (-torch.arange(0, head_size, 2, device="cpu", dtype=torch.float64) / head_size)
     angles, magnitude = scaled_angles(positions, speeds, scaling, theta)  # (T, head/2), in float64
-    return (magnitude * angles.cos()).float(), (magnitude * angles.sin()).float()
+    return (magnitude * angles.cos()).float().to(device), (magnitude * angles.sin()).float().to(device)
 
 
 def scaled_angles(

@@ -25,9 +25,19 @@ so what is compared is a ratio, not two numbers from different days:
 --dtype picks the headline precision (auto: bf16 where the hardware has it): the goal rows, the
 profiles and generation use it; training and decoding are measured in both.
 
+How long: a few minutes on a 2-core CPU (with --compile, inductor's cache warm: 124 s on the Intel
+Xeon, 207 s on the AMD EPYC, the "seconds" of results/bench.json and results/amd-epyc/bench.json).
+It starts with a probe of a second or two (small matrix products in float32 and bf16, memory),
+estimates each part's time from it, prints the plan, and skips any part that would take longer than
+--limit-minutes (5) on this machine, in one line naming it and its estimate: on a CPU without bf16
+instructions, bf16 products are emulated, about 300 times slower than float32, and bf16 training
+would take hours there (its square-product peak is then the probe's, n = 256).
+
 Examples:
-    python scripts/bench.py --json results/bench.json     # the full benchmark: a few minutes on a CPU
+    python scripts/bench.py --json results/bench.json     # the full benchmark: 2 to 4 minutes on a CPU
     python scripts/bench.py --compile --json results/bench.json    # and the compiled steps
+    python scripts/bench.py --compile --dtype float32 --json results/bench-float32.json  # float32's rows first
+    python scripts/bench.py --device cuda --only decoding --compile    # a GPU's decoding (dev/gpu_check.sh)
     python scripts/bench.py --quick                        # fewer steps, smaller ceilings: a minute
     python scripts/bench.py --quick --n-layer 2 --n-embd 64 --n-head 2 --block-size 32 \\
         --vocab-size 256 --batch-size 4 --batches 1,2 --json /tmp/bench.json   # a tiny CPU run, seconds
@@ -36,6 +46,7 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import math
 import shlex
 import statistics
 import sys
@@ -52,12 +63,13 @@ from mvgpt.bench import (
     decode_flops_per_token,
     forward_flops,
     machine,
+    matmul_weights,
     sync,
     training_flops_per_token,
 )
 from mvgpt.cpu_attention import batched_attention_pays, use_batched_attention
 from mvgpt.device import pick_device
-from mvgpt.errors import ArgumentParser, positive_int, positive_ints, run_main, writable_file
+from mvgpt.errors import ArgumentParser, positive_float, positive_int, positive_ints, run_main, writable_file
 from mvgpt.io import write_json
 from mvgpt.model import GPT, GPTConfig, KVCache
 from mvgpt.perf import (
@@ -115,18 +127,23 @@ def train_step(model: GPT, x: torch.Tensor, y: torch.Tensor, device: torch.devic
 
 
 def bench_training(config: GPTConfig, device: torch.device, batch_size: int, steps: int, peak: float,
-                   headline: torch.dtype, compile: bool = False, profiled: bool = True) -> list[dict]:
-    """Training steps of one kind in each precision (and compiled), timed side by side: one step of
-    each in turn, `steps` rounds, the median of each (the machine's load changes alike)."""
+                   headline: torch.dtype, compile: bool = False, profiled: bool = True,
+                   eager: tuple[torch.dtype, ...] = PRECISIONS, compiled: tuple[torch.dtype, ...] = PRECISIONS,
+                   peaks: dict[torch.dtype, float] | None = None) -> list[dict]:
+    """Training steps of one kind in each precision (`eager`; with `compile`, those in `compiled`
+    through torch.compile too), timed side by side: one step of each in turn, `steps` rounds, the
+    median of each (the machine's load changes alike). Each row's FLOP/s is set against the best
+    peak (`peak`) and, with `peaks`, against its own precision's matmul peak."""
     x = random_tokens((batch_size, config.block_size), config.vocab_size, device, seed=1)
     y = random_tokens((batch_size, config.block_size), config.vocab_size, device, seed=2)
-    variants = [(dtype, False, batched_attention_pays(device, dtype)) for dtype in PRECISIONS]
-    if compile:
+    variants = [(dtype, False, batched_attention_pays(device, dtype)) for dtype in PRECISIONS if dtype in eager]
+    if compile and torch.bfloat16 in compiled:
         pays = batched_attention_pays(device, torch.bfloat16)
         if pays:  # the same step with PyTorch's kernel, for the ratio
             variants.append((torch.bfloat16, True, False))
         variants.append((torch.bfloat16, True, pays))
-        variants.append((torch.float32, True, batched_attention_pays(device, torch.float32)))  # does it pay there?
+    if compile and torch.float32 in compiled:  # does it pay there?
+        variants.append((torch.float32, True, batched_attention_pays(device, torch.float32)))
     steps_fns, first = [], []
     for dtype, compiled, batched in variants:
         fn = train_step(make_model(config, device, train=True), x, y, device, dtype, compiled, batched)
@@ -151,6 +168,8 @@ def bench_training(config: GPTConfig, device: torch.device, batch_size: int, ste
                "flops_per_token": per_token, "flops": per_token * tokens_per_s,
                "share_of_peak": per_token * tokens_per_s / peak,
                "profile": ""}
+        if peaks:  # float32's step against float32's products: how close it runs to what this machine can do
+            row["share_of_dtype_peak"] = per_token * tokens_per_s / peaks[dtype]
         if profiled and dtype == headline and batched == batched_attention_pays(device, dtype):
             # profiled as pretrain.py trains: not the step kept for the attention ratio
             row["profile"], row["profile_parts"] = profiled_step(config, x, y, device, dtype, compiled, batched)
@@ -189,13 +208,22 @@ def speed(training: list[dict], kind: str, **match) -> float:
     return next(r["tokens_per_s"] for r in training if r["kind"] == kind and all(r[k] == v for k, v in match.items()))
 
 
+def has(training: list[dict], kind: str, **match) -> bool:
+    """Whether a training row of `kind` has fields equal to `match` (a part the plan skipped has none)."""
+    return any(r["kind"] == kind and all(r[k] == v for k, v in match.items()) for r in training)
+
+
 def compiled_over_eager(training: list[dict], device: torch.device) -> dict[str, dict[str, float]]:
     """{kind: {dtype: compiled tokens/s over eager}}, each precision's step as pretrain.py takes it:
-    what mvgpt.perf.compile_pays weighs."""
-    return {kind: {dtype_name(dtype): speed(training, kind, dtype=dtype_name(dtype), compiled=True,
-                                            attention=attention(device, dtype))
-                   / speed(training, kind, dtype=dtype_name(dtype), compiled=False) for dtype in PRECISIONS}
-            for kind in ("learned", "rope")}
+    what mvgpt.perf.compile_pays weighs (the precisions with both rows)."""
+    ratios = {}
+    for kind in ("learned", "rope"):
+        for dtype in PRECISIONS:
+            compiled = dict(kind=kind, dtype=dtype_name(dtype), compiled=True, attention=attention(device, dtype))
+            if has(training, **compiled) and has(training, kind, dtype=dtype_name(dtype), compiled=False):
+                ratios.setdefault(kind, {})[dtype_name(dtype)] = (
+                    speed(training, **compiled) / speed(training, kind, dtype=dtype_name(dtype), compiled=False))
+    return ratios
 
 
 def generate_seconds_per_token(
@@ -281,13 +309,158 @@ def bench_compiled_decoding(model: GPT, device: torch.device, tokens: int, repea
     }
 
 
-def measure_ceilings(device: torch.device, quick: bool, threads: int) -> dict:
-    """Matrix-product FLOP/s in float32 and bf16, memory bandwidth (and one thread's, on a CPU)."""
+# ----------------------------------------------------------------------------------------------
+# The plan: a quick probe of the machine, each part's time estimated from it, what is skipped
+
+PROBE_N = 256  # the probe's products: a tenth of a second each even where bf16 is emulated (~0.3 GFLOP/s)
+LIMIT_MINUTES = 5.0  # a part estimated to take longer than this on this machine is skipped
+# A training step's FLOP/s over its precision's probe rate: the step's products are larger than the probe's,
+# and a step also norms, softmaxes and updates; a half is within a factor two either way on the CPUs measured
+STEP_EFFICIENCY = 0.5
+COMPILE_S = 5.0  # compiling a step or a model with inductor's cache warm (a cold cache: a minute or more)
+STEP_OVERHEAD_S = 1e-3  # a decoding step's Python and kernel launches, whatever its size
+
+
+def probe(device: torch.device, seconds: float = 0.5) -> dict[str, float]:
+    """Quick rates, a second or two: float32 and bf16 matrix products of PROBE_N (the best of as many as
+    fit in `seconds`, 20 at most: on a busy machine a product this short is often caught mid-stall), and
+    reading 64 MB."""
+
+    def rate(dtype: torch.dtype) -> float:
+        a = torch.randn(PROBE_N, PROBE_N, device=device).to(dtype)
+        a @ a  # the library picks its kernel on the first call
+        best, until = math.inf, time.perf_counter() + seconds
+        for i in range(20):
+            best = min(best, time_it(lambda: a @ a, device, repeats=1, warmup=0))
+            if i >= 2 and time.perf_counter() > until:
+                break
+        return 2 * PROBE_N**3 / best
+
+    return {"matmul_fp32_flops": rate(torch.float32), "matmul_bf16_flops": rate(torch.bfloat16),
+            "read_bandwidth": memory_bandwidth(device, 64, repeats=2)["read"]}
+
+
+def ceiling_sizes(device: torch.device, quick: bool) -> tuple[int, int, int]:
+    """(n of the square products, repeats, MB of the bandwidth buffer) of measure_ceilings."""
     n = (2048 if quick else 4096) if device.type == "cuda" else (1024 if quick else 2048)
-    c = {"matmul_n": n, "bandwidth_mbytes": 128 if quick else 512}
-    c["matmul_fp32_flops"] = matmul_flops(device, n, repeats=3 if quick else 10)
+    return n, 3 if quick else 10, 128 if quick else 512
+
+
+def estimate_parts(rates: dict[str, float], learned: GPTConfig, rope: GPTConfig, device: torch.device,
+                   batch_size: int, headline: torch.dtype, quick: bool, compile: bool, threads: int,
+                   batches: list[int], malloc: bool) -> dict[str, float]:
+    """Seconds each part of the bench will take, from the probe's `rates`: each part's flops at its
+    precision's rate (times STEP_EFFICIENCY), a decoding step's bytes at the bandwidth where that is
+    longer, COMPILE_S for each compile. An estimate within a factor two or so: enough to say how long,
+    and to tell a part of minutes from one of hours (emulated bf16)."""
+    window, L, C = rope.block_size, rope.n_layer, rope.n_embd
+    steps, (tokens, repeats) = (3 if quick else 7), ((4, 3) if quick else (16, 7))
+    n, ceiling_repeats, mbytes = ceiling_sizes(device, quick)
+    rate = {torch.float32: rates["matmul_fp32_flops"] * STEP_EFFICIENCY,
+            torch.bfloat16: rates["matmul_bf16_flops"] * STEP_EFFICIENCY}
+    element = {torch.float32: 4, torch.bfloat16: 2}
+
+    def train_s(config: GPTConfig, dtype: torch.dtype) -> float:
+        return batch_size * window * training_flops_per_token(config) / rate[dtype]
+
+    def forward_s(config: GPTConfig, dtype: torch.dtype, rows: int = 1) -> float:
+        return rows * forward_flops(config, window) / rate[dtype]
+
+    def decode_s(dtype: torch.dtype, B: int = 1) -> float:
+        reading = element[dtype] * (matmul_weights(rope) + 2 * L * B * window * C) / rates["read_bandwidth"]
+        return max(reading, B * decode_flops_per_token(rope, window) / rate[dtype]) + STEP_OVERHEAD_S
+
+    def generate_s(dtype: torch.dtype, B: int = 1, n_tokens: int = tokens) -> float:  # generate_seconds_per_token
+        return forward_s(rope, dtype, B) + (1 + n_tokens * (repeats + 1)) * decode_s(dtype, B)
+
+    kinds = (learned, rope)
+    parts = {f"{name} matmul peak": (ceiling_repeats + 2) * 2 * n**3 / rates[f"matmul_{name}_flops"]
+             for name in ("fp32", "bf16")}
+    parts["memory bandwidth"] = ((3 if quick else 5) + 2) * 3 * mbytes * 2**20 / rates["read_bandwidth"] * (
+        2 if device.type == "cpu" and threads > 1 else 1)
+    for dtype in PRECISIONS:
+        name = dtype_name(dtype)
+        seconds = sum((2 + steps) * train_s(c, dtype) for c in kinds)
+        if dtype == headline:  # the profiles (three, each after a step unprofiled), glibc's malloc untuned
+            seconds += sum(6 * train_s(c, dtype) for c in kinds) + (3 * train_s(rope, dtype) if malloc else 0.0)
+        parts[f"training in {name}"] = seconds
+        if compile:
+            variants = 2 if dtype == torch.bfloat16 and batched_attention_pays(device, dtype) else 1
+            seconds = variants * sum((2 + steps) * train_s(c, dtype) + COMPILE_S for c in kinds)
+            if dtype == headline:  # compiled again for its profile, its kernels named
+                seconds += sum(COMPILE_S + 6 * train_s(c, dtype) for c in kinds)
+            parts[f"compiled training in {name}"] = seconds
+        parts[f"decoding with {name} weights"] = generate_s(dtype)
+    rerun = 1 + (1 if quick else 2) * ((2 if quick else 3) + 1)  # forwards of the window
+    parts["decoding in the headline precision"] = (
+        generate_s(headline) * (3 if device.type == "cpu" and threads > 1 else 1)  # one thread: about twice as long
+        + rerun * forward_s(learned, headline) + forward_s(rope, headline) + 2 * decode_s(headline))
+    parts["generation"] = sum(generate_s(headline, B, max(2, tokens // 2)) for B in batches)
+    if compile:
+        parts["compiled decoding"] = 2 * COMPILE_S + 4 * generate_s(torch.float32) + 8 * decode_s(torch.float32)
+    return parts
+
+
+class Plan:
+    """The parts' estimates; those over the limit are skipped, and those `only` leaves out."""
+
+    def __init__(self, estimates: dict[str, float], limit_s: float, rates: dict[str, float],
+                 only: tuple[str, ...] = ()) -> None:
+        self.estimates, self.limit_s, self.rates = estimates, limit_s, rates
+        self.unasked = {name for name in SKIPPABLE  # the ceilings always: every figure is measured against them
+                        if only and name != "bf16 matmul peak" and not any(word in name for word in only)}
+        self.skipped = {name: s for name, s in estimates.items()
+                        if s > limit_s and name in SKIPPABLE and name not in self.unasked}
+
+    def runs(self, part: str) -> bool:
+        return part not in self.skipped and part not in self.unasked
+
+    @property
+    def seconds(self) -> float:
+        return sum(s for name, s in self.estimates.items() if self.runs(name))
+
+    def lines(self) -> list[str]:
+        """What the run will take, then one line for each part skipped: its estimate and why."""
+        r = self.rates
+        said = [f"plan: about {minutes(self.seconds)} on this machine, by a probe of {PROBE_N} x {PROBE_N} products "
+                f"(fp32 {r['matmul_fp32_flops'] / 1e9:,.1f} GFLOP/s, bf16 {r['matmul_bf16_flops'] / 1e9:,.1f} "
+                f"GFLOP/s) and memory ({r['read_bandwidth'] / 1e9:.1f} GB/s)"]
+        if self.unasked:
+            said.append(f"not asked (--only): {', '.join(sorted(self.unasked))}")
+        for part, seconds in self.skipped.items():
+            dtype = "bf16" if "bf16" in part or "bfloat16" in part else "fp32"
+            instead = ": the probe's figure stands in" if part == "bf16 matmul peak" else ""
+            said.append(f"skipped: {part}, about {minutes(seconds)} at this machine's {dtype} products "
+                        f"({r[f'matmul_{dtype}_flops'] / 1e9:,.1f} GFLOP/s in the probe), over the "
+                        f"{minutes(self.limit_s)} limit (--limit-minutes){instead}")
+        return said
+
+
+# the parts a plan may skip: the base figures (the fp32 peak, the bandwidth) are always measured
+SKIPPABLE = ("bf16 matmul peak", "training in float32", "training in bfloat16", "compiled training in float32",
+             "compiled training in bfloat16", "decoding with float32 weights", "decoding with bfloat16 weights",
+             "decoding in the headline precision", "generation", "compiled decoding")
+
+
+def minutes(seconds: float) -> str:
+    """A duration as the plan says it: seconds below two minutes, minutes below two hours, hours after."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.0f} hours"
+
+
+def measure_ceilings(device: torch.device, quick: bool, threads: int, probed: dict[str, float] | None = None) -> dict:
+    """Matrix-product FLOP/s in float32 and bf16, memory bandwidth (and one thread's, on a CPU).
+    With `probed` (the probe's rates, where the plan skips the large bf16 product), the probe's bf16
+    figure stands in, its size recorded as matmul_bf16_n."""
+    n, repeats, mbytes = ceiling_sizes(device, quick)
+    c = {"matmul_n": n, "bandwidth_mbytes": mbytes}
+    c["matmul_fp32_flops"] = matmul_flops(device, n, repeats=repeats)
     # without native bf16 instructions a CPU's bf16 product is many times slower than float32, with them faster
-    c["matmul_bf16_flops"] = matmul_flops(device, n, torch.bfloat16, repeats=3 if quick else 10)
+    if probed is None:
+        c["matmul_bf16_flops"] = matmul_flops(device, n, torch.bfloat16, repeats=repeats)
+    else:
+        c["matmul_bf16_flops"], c["matmul_bf16_n"] = probed["matmul_bf16_flops"], PROBE_N
     bandwidth = memory_bandwidth(device, c["bandwidth_mbytes"], repeats=3 if quick else 5)
     c["read_bandwidth"], c["copy_bandwidth"] = bandwidth["read"], bandwidth["copy"]
     if device.type == "cpu" and threads > 1:  # one core alone: what a single-threaded kernel could get
@@ -299,14 +472,16 @@ def measure_ceilings(device: torch.device, quick: bool, threads: int) -> dict:
 
 
 def measure_decoding(rope: GPTConfig, learned: GPTConfig, device: torch.device, ceilings: dict, threads: int,
-                     dtype: torch.dtype, tokens: int, repeats: int, quick: bool) -> dict:
-    """Batch-1 decoding: the sliding cache (rope) with float32 and bf16 weights, by thread count;
-    the re-run window (learned); the floors; a profile of one cached step in the headline dtype."""
+                     dtype: torch.dtype, tokens: int, repeats: int, quick: bool,
+                     precisions: tuple[torch.dtype, ...] = PRECISIONS) -> dict:
+    """Batch-1 decoding: the sliding cache (rope) with float32 and bf16 weights (those in `precisions`),
+    by thread count; the re-run window (learned); the floors; a profile of one cached step in the
+    headline dtype."""
     window = rope.block_size
     best_bandwidth = max(v for k, v in ceilings.items() if k.startswith("read_bandwidth"))
     prompt = random_tokens((1, window), rope.vocab_size, device, seed=5)
     by_dtype = {}
-    for d in PRECISIONS:  # bf16 weights: half the bytes each step reads
+    for d in precisions:  # bf16 weights: half the bytes each step reads
         model = make_model(rope, device).to(d)
         by_dtype[dtype_name(d)] = {
             "cached_ms": 1e3 * generate_seconds_per_token(model, prompt, True, tokens, repeats),
@@ -321,7 +496,8 @@ def measure_decoding(rope: GPTConfig, learned: GPTConfig, device: torch.device, 
     cached_ms = cached_by_threads[threads]  # the default setting is the headline figure
     learned_model = make_model(learned, device).to(dtype)
     rerun_ms = 1e3 * generate_seconds_per_token(learned_model, prompt, False, 1 if quick else 2, 2 if quick else 3)
-    floor_ms, floor_bytes = by_dtype[dtype_name(dtype)]["floor_ms"], by_dtype[dtype_name(dtype)]["floor_bytes"]
+    floor_bytes = decode_bytes_per_token(rope_model, held=window)
+    floor_ms = decode_floor_ms(rope_model, window, 1, best_bandwidth, ceilings["matmul_fp32_flops"])
     rerun_floor_ms = 1e3 * forward_flops(learned, window) / ceilings[ceilings["training_peak"]]
     with torch.no_grad():  # one cached step, as generate takes it
         cache = KVCache(rope, 1, device=device, dtype=dtype)
@@ -365,6 +541,12 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--no-tune-malloc", action="store_true", help="leave glibc's malloc as it is")
     p.add_argument("--batches", type=positive_ints, default="1,8,32", help="batch sizes for generation with the cache")
     p.add_argument("--note", default="", help="a line on the conditions, kept with the figures (e.g. a busy machine)")
+    p.add_argument("--only", type=lambda text: tuple(text.split(",")), default=(),
+                   help="only the parts named by these words, e.g. decoding,generation (the ceilings always; "
+                        "words: training, float32, bfloat16, decoding, generation, compiled)")
+    p.add_argument("--limit-minutes", type=positive_float, default=LIMIT_MINUTES,
+                   help="skip any part estimated to take longer than this here (default %(default)g: bf16 where "
+                        "it is emulated)")
     p.add_argument("--batch-size", type=positive_int, default=16, help="training batch (sequences of the window)")
     p.add_argument("--n-layer", type=positive_int, default=6)
     p.add_argument("--n-head", type=positive_int, default=6)
@@ -387,43 +569,59 @@ def main(argv: list[str] | None = None) -> dict:
     print(machine(device), f"headline precision {dtype_name(dtype)}")
     started = time.perf_counter()
 
+    # the plan: a probe of the machine, each part's time from it, and what would take too long here
+    rates = probe(device)
+    plan = Plan(estimate_parts(rates, learned, rope, device, args.batch_size, dtype, quick, args.compile, threads,
+                               args.batches, not args.no_tune_malloc), 60 * args.limit_minutes, rates, args.only)
+    for line in plan.lines():
+        print(line, flush=True)
+    runs = plan.runs
+
     # the ceilings first
-    ceilings = measure_ceilings(device, quick, threads)
+    ceilings = measure_ceilings(device, quick, threads, None if runs("bf16 matmul peak") else rates)
     peak = ceilings[ceilings["training_peak"]]
+    peaks = {torch.float32: ceilings["matmul_fp32_flops"], torch.bfloat16: ceilings["matmul_bf16_flops"]}
     print(f"ceilings: matmul fp32 {ceilings['matmul_fp32_flops'] / 1e9:,.1f} GFLOP/s, bf16 "
           f"{ceilings['matmul_bf16_flops'] / 1e9:,.1f} GFLOP/s, "
           f"memory read {ceilings['read_bandwidth'] / 1e9:.1f} GB/s", flush=True)
 
-    # training, both kinds, both precisions side by side
+    # training, both kinds, both precisions side by side (those the plan keeps)
     steps = 3 if quick else 7
+    eager = tuple(d for d in PRECISIONS if runs(f"training in {dtype_name(d)}"))
+    compiled = tuple(d for d in PRECISIONS if runs(f"compiled training in {dtype_name(d)}"))
     untuned, malloc_tuned = None, False
     if not args.no_tune_malloc:  # first as glibc's malloc is by default, then tuned (from here on)
-        fn = train_step(make_model(rope, device, train=True), *(random_tokens((args.batch_size, window),
-                        args.vocab_size, device, seed=s) for s in (1, 2)), device, dtype)
-        seconds = time_it(fn, device, repeats=2, warmup=1)
-        untuned = {"kind": "rope", "dtype": dtype_name(dtype), "tokens_per_s": args.batch_size * window / seconds}
-        untuned["flops"] = untuned["tokens_per_s"] * training_flops_per_token(rope)
-        untuned["share_of_peak"] = untuned["flops"] / peak
+        if dtype in eager:
+            fn = train_step(make_model(rope, device, train=True), *(random_tokens((args.batch_size, window),
+                            args.vocab_size, device, seed=s) for s in (1, 2)), device, dtype)
+            seconds = time_it(fn, device, repeats=2, warmup=1)
+            untuned = {"kind": "rope", "dtype": dtype_name(dtype), "tokens_per_s": args.batch_size * window / seconds}
+            untuned["flops"] = untuned["tokens_per_s"] * training_flops_per_token(rope)
+            untuned["share_of_peak"] = untuned["flops"] / peak
         malloc_tuned = tune_malloc()
     training = []
     for config in (learned, rope):
-        training += bench_training(config, device, args.batch_size, steps, peak, dtype, args.compile)
+        training += bench_training(config, device, args.batch_size, steps, peak, dtype, args.compile, eager=eager,
+                                   compiled=compiled, peaks=peaks)
     for row in training:
         print(f"training {row['kind']} {row['dtype']}{' compiled' if row['compiled'] else ''}, "
-              f"{row['attention']} attention: {row['tokens_per_s']:,.0f} tokens/s, {row['share_of_peak']:.2f} of peak",
-              flush=True)
+              f"{row['attention']} attention: {row['tokens_per_s']:,.0f} tokens/s, {row['share_of_peak']:.2f} of peak, "
+              f"{row['share_of_dtype_peak']:.2f} of the {row['dtype']} peak", flush=True)
 
     # decoding at batch 1: the sliding cache (rope), the re-run window (learned), the floor
     tokens, repeats = (4, 3) if quick else (16, 7)
-    decoding = measure_decoding(rope, learned, device, ceilings, threads, dtype, tokens, repeats, quick)
-    print(f"decoding: cached {decoding['cached_ms']:.2f} ms/token ({decoding['cached_over_floor']:.2f}x the floor "
-          f"of {decoding['floor_ms']:.2f} ms), re-run window {decoding['rerun_ms']:.1f} ms/token", flush=True)
+    decoding = None
+    if runs("decoding in the headline precision"):
+        weights = tuple(d for d in PRECISIONS if runs(f"decoding with {dtype_name(d)} weights"))
+        decoding = measure_decoding(rope, learned, device, ceilings, threads, dtype, tokens, repeats, quick, weights)
+        print(f"decoding: cached {decoding['cached_ms']:.2f} ms/token ({decoding['cached_over_floor']:.2f}x the "
+              f"floor of {decoding['floor_ms']:.2f} ms), re-run window {decoding['rerun_ms']:.1f} ms/token", flush=True)
 
     # generation with the cache, several sequences at once
     generation = []
     rope_model = make_model(rope, device).to(dtype)
     best_bandwidth = max(v for k, v in ceilings.items() if k.startswith("read_bandwidth"))
-    for B in args.batches:
+    for B in args.batches if runs("generation") else []:
         prompts = random_tokens((B, window), args.vocab_size, device, seed=6)
         ms = 1e3 * generate_seconds_per_token(rope_model, prompts, True, max(2, tokens // 2), repeats)
         floor = decode_floor_ms(rope_model, window, B, best_bandwidth, peak)
@@ -443,24 +641,31 @@ def main(argv: list[str] | None = None) -> dict:
         "note": args.note,
         "command": shlex.join(["python", "scripts/bench.py", *(sys.argv[1:] if argv is None else argv)]),
         "config": shape,
+        "probe": rates,
+        "estimated_seconds": plan.seconds,
+        "skipped": [{"part": part, "estimated_seconds": seconds} for part, seconds in plan.skipped.items()],
+        "not_asked": sorted(plan.unasked),
         "ceilings": ceilings,
         "training": training,
         "training_bf16_over_fp32": {
             kind: speed(training, kind, dtype="bfloat16", compiled=False)
             / speed(training, kind, dtype="float32", compiled=False)
-            for kind in ("learned", "rope")},
+            for kind in ("learned", "rope") if len(eager) == 2},
+        "training_float32_share_of_fp32_peak": {  # the eager float32 step against float32's products
+            kind: next(r["share_of_dtype_peak"] for r in training if r["kind"] == kind and r["dtype"] == "float32"
+                       and not r["compiled"]) for kind in ("learned", "rope") if torch.float32 in eager},
         "training_compiled_over_eager": compiled_over_eager(training, device) if args.compile else {},
         "training_batched_attention_speedup": {  # compiled bf16 step, batched products over PyTorch's kernel
             kind: speed(training, kind, dtype="bfloat16", compiled=True, attention="batched")
             / speed(training, kind, dtype="bfloat16", compiled=True, attention="sdpa")
-            for kind in ("learned", "rope")} if any(r["compiled"] and r["attention"] == "sdpa" for r in training)
-        else {},
+            for kind in ("learned", "rope")
+            if all(has(training, kind, dtype="bfloat16", compiled=True, attention=a) for a in ("batched", "sdpa"))},
         "training_malloc_untuned": untuned if malloc_tuned else None,
         "decoding": decoding,
         "generation": generation,
         "goals": GOALS,
     }
-    if args.compile:
+    if args.compile and runs("compiled decoding"):
         result["compiled_decoding"] = bench_compiled_decoding(make_model(rope, device), device, tokens, repeats)
         print(f"compiled decoding: {result['compiled_decoding']['ms']:.2f} ms/token after "
               f"{result['compiled_decoding']['compile_s']:.0f} s of compiling", flush=True)
@@ -471,7 +676,7 @@ def main(argv: list[str] | None = None) -> dict:
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("  ".join(str(cell).ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip())
-    print(f"\n{result['machine']}; {result['seconds']:.0f} s")
+    print(f"\n{result['machine']}; {result['seconds']:.0f} s (planned {plan.seconds:.0f} s)")
     if args.json:
         write_json(args.json, result)
     return result
@@ -487,7 +692,9 @@ def summary_rows(result: dict) -> list[tuple[str, str, str, str, str]]:
     rows = [("figure", "measured", "against", "ratio", "goal")]
     product = f"{c['matmul_n']} x {c['matmul_n']} product"
     rows.append(("fp32 matmul peak", f"{c['matmul_fp32_flops'] / 1e9:,.1f} GFLOP/s", product, "", ""))
-    rows.append(("bf16 matmul peak", f"{c['matmul_bf16_flops'] / 1e9:,.1f} GFLOP/s", product,
+    bf16_n = c.get("matmul_bf16_n", c["matmul_n"])
+    rows.append(("bf16 matmul peak", f"{c['matmul_bf16_flops'] / 1e9:,.1f} GFLOP/s",
+                 f"{bf16_n} x {bf16_n} product" + (" (the probe's)" if "matmul_bf16_n" in c else ""),
                  f"{c['matmul_bf16_flops'] / c['matmul_fp32_flops']:.2f}x fp32", ""))
     rows.append(("memory bandwidth, read", f"{c['read_bandwidth'] / 1e9:.1f} GB/s",
                  f"sum of {c['bandwidth_mbytes']} MB", "", ""))
@@ -502,6 +709,9 @@ def summary_rows(result: dict) -> list[tuple[str, str, str, str, str]]:
         rows.append((f"training, {t['kind']}, {how} ({B} x {T})",
                      f"{t['tokens_per_s']:,.0f} tokens/s = {t['flops'] / 1e9:,.1f} GFLOP/s", peak_name,
                      f"{t['share_of_peak']:.2f} of peak", f">= {goals['training_share_of_peak']}"))
+    for kind, share in result.get("training_float32_share_of_fp32_peak", {}).items():
+        rows.append((f"training, {kind}, float32 (eager) against float32's products", f"{share:.2f} of fp32 peak",
+                     f"fp32 matmul peak {c['matmul_fp32_flops'] / 1e9:,.1f} GFLOP/s", "", ""))
     for kind, ratio in result["training_bf16_over_fp32"].items():
         rows.append((f"training, {kind}, bf16 over float32", f"{ratio:.2f}x", "side by side", "", ""))
     for kind, ratios in result.get("training_compiled_over_eager", {}).items():
@@ -515,28 +725,33 @@ def summary_rows(result: dict) -> list[tuple[str, str, str, str, str]]:
         rows.append((f"training, {untuned['kind']}, {untuned['dtype']}, glibc malloc as it is",
                      f"{untuned['tokens_per_s']:,.0f} tokens/s = {untuned['flops'] / 1e9:,.1f} GFLOP/s", peak_name,
                      f"{untuned['share_of_peak']:.2f} of peak", ""))
+    if d is None:  # skipped by the plan
+        d = {"cached_ms_by_dtype": {}, "cached_ms_by_threads": {}}
     for name, ms in d["cached_ms_by_dtype"].items():
         floor_ms = d["floor_ms_by_dtype"][name]
         rows.append((f"decoding, sliding cache (rope, batch 1), {name} weights", f"{ms:.2f} ms/token",
                      f"floor {floor_ms:.2f} ms", f"{ms / floor_ms:.2f}x floor", f"<= {goals['cached_over_floor']}x"))
-    floor = f"floor {d['floor_ms']:.2f} ms ({d['floor_bytes'] / 1e6:.1f} MB read)"
     for n, ms in d["cached_ms_by_threads"].items():
         if int(n) != result["threads"]:
             rows.append((f"decoding, sliding cache, {d['dtype']}, {n} thread{'s' if int(n) > 1 else ''}",
-                         f"{ms:.2f} ms/token", floor, f"{ms / d['floor_ms']:.2f}x floor", ""))
+                         f"{ms:.2f} ms/token", f"floor {d['floor_ms']:.2f} ms ({d['floor_bytes'] / 1e6:.1f} MB read)",
+                         f"{ms / d['floor_ms']:.2f}x floor", ""))
     if "compiled_decoding" in result:
         k = result["compiled_decoding"]
         pays = f"pays after {k['break_even_tokens']:,.0f} tokens" if k["break_even_tokens"] else "never pays"
         rows.append(("decoding, sliding cache, float32, torch.compile",
                      f"{k['ms']:.2f} ms/token, {k['speedup']:.2f}x eager's {k['eager_ms']:.2f} side by side "
                      f"(compiling {k['compile_s']:.0f} s: {pays})", "", "", ""))
-    rows.append((f"decoding, re-run window (learned, {result['config']['block_size']}), {d['dtype']}",
-                 f"{d['rerun_ms']:.1f} ms/token",
-                 f"compute floor {d['rerun_compute_floor_ms']:.1f} ms ({d['floors_ratio']:.0f}x the cache's floor)",
-                 f"{d['rerun_over_cached']:.1f}x the cache", f">= {goals['rerun_over_cached']:g}x"))
+    if "rerun_ms" in d:
+        rows.append((f"decoding, re-run window (learned, {result['config']['block_size']}), {d['dtype']}",
+                     f"{d['rerun_ms']:.1f} ms/token",
+                     f"compute floor {d['rerun_compute_floor_ms']:.1f} ms ({d['floors_ratio']:.0f}x the cache's floor)",
+                     f"{d['rerun_over_cached']:.1f}x the cache", f">= {goals['rerun_over_cached']:g}x"))
     for g in result["generation"]:
-        rows.append((f"generation, cache, batch {g['batch']}, {d['dtype']}", f"{g['tokens_per_s']:,.0f} tokens/s",
+        rows.append((f"generation, cache, batch {g['batch']}, {result['dtype']}", f"{g['tokens_per_s']:,.0f} tokens/s",
                      f"floor {g['floor_tokens_per_s']:,.0f} tokens/s", f"{g['share_of_floor']:.2f} of floor", ""))
+    for skipped in result.get("skipped", []):
+        rows.append((skipped["part"], "skipped", f"about {minutes(skipped['estimated_seconds'])} here", "", ""))
     return rows
 
 

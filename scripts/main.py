@@ -6,8 +6,16 @@ Each step is its own script, run here one after another in a subprocess. A step 
 skipped (a measurement, when its JSON is newer than the checkpoints it reads), and an interrupted
 training run resumes, so the job can be run again after a stop.
 
+How long: about an hour on a 2-core CPU, of any kind. Before training, the job measures this
+machine (a minute or two: the steps it will train, compiled as they will be, and the measuring
+scripts' forwards), chooses how many steps both kinds train (as many as take the first about ten
+minutes, at most 1,000), and prints the plan: each stage with its estimate, and the total
+(mvgpt/plan.py). After each stage a line gives its time and the time left. --max-steps 1000 trains
+the committed runs' count, with the same flags to pretrain.py.
+
 Examples:
-    python scripts/main.py --source ../shared/data/tinystories    # here: 40 to 60 minutes on 2 cores
+    python scripts/main.py --source ../shared/data/tinystories    # about an hour on 2 cores
+    python scripts/main.py --source ../shared/data/tinystories --max-steps 1000   # the committed runs
     python scripts/main.py                                          # downloads TinyStories first
     python scripts/main.py --source stories.txt --tiny      # a tiny CPU run into tiny/, a minute
 """
@@ -15,10 +23,12 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from mvgpt.checkpoint import checkpoint_path, read_checkpoint
@@ -27,7 +37,7 @@ from mvgpt.rope_scaling import SCALING_METHODS
 
 SCRIPTS = Path(__file__).resolve().parent
 ROOT = SCRIPTS.parent
-STEPS = 1000  # 11 to 16 minutes for each kind on a 2-core CPU with bf16 matrix units (see the README)
+STEPS = 1000  # the committed runs' count: 11 to 16 minutes for each kind on a 2-core CPU with bf16 matrix units
 TINY = ["--n-layer", "2", "--n-head", "2", "--n-embd", "64", "--block-size", "32", "--batch-size", "4"]
 
 
@@ -76,17 +86,80 @@ def measure(step: list[str], out: Path, checkpoints: list[str], env: dict) -> No
     run([*step, "--json", str(out)], env)
 
 
+def steps_trained_before(ckpts: Path) -> int | None:
+    """The --max-steps a job started before chose (its first pretraining checkpoint's), so that a job
+    run again trains both kinds to the same count."""
+    for name in ("pretrain", "pretrain-rope"):
+        if checkpoint_path(ckpts / name).exists():
+            return read_checkpoint(ckpts / name).get("args", {}).get("max_steps")
+    return None
+
+
+def up_to_date(out: Path, checkpoints: list[Path]) -> bool:
+    """What `measure` finds: a measurement's JSON newer than every checkpoint it reads."""
+    if not out.exists() or not all(checkpoint_path(c).exists() for c in checkpoints):
+        return False
+    return out.stat().st_mtime > max(checkpoint_path(c).stat().st_mtime for c in checkpoints)
+
+
+def plan_job(args: argparse.Namespace, data: Path, ckpts: Path, results: Path, started: float):
+    """Measure this machine, choose the steps where --max-steps does not, and print the plan
+    (mvgpt/plan.py); returns (the Progress that says the time left after each stage, the steps)."""
+    from mvgpt.device import pick_device
+    from mvgpt.model import GPTConfig
+    from mvgpt.plan import Job, Progress, measure, stages, steps_for
+    from mvgpt.precision import dtype_name, resolve_dtype
+
+    device = pick_device(args.device)
+    dtype = resolve_dtype("auto", device)  # as pretrain.py --dtype auto will
+    shape = {flag[2:].replace("-", "_"): int(value) for flag, value in zip(TINY[::2], TINY[1::2], strict=True)
+             } if args.tiny else {}  # the model pretrain.py will train: the tiny one, or its defaults
+    batch_size = shape.pop("batch_size", 16)
+    shape["vocab_size"] = json.loads((data / "meta.json").read_text())["vocab_size"]
+    learned, rope = GPTConfig(**shape), GPTConfig(**shape, rope=True)
+    W = rope.block_size
+    before = steps_trained_before(ckpts)
+    steps = args.max_steps or before
+    long_dir = ckpts / f"pretrain-rope-ctx{4 * W}-linear"
+    done = {"pretrain (learned)": finished_steps(ckpts / "pretrain"),
+            "pretrain (rope)": finished_steps(ckpts / "pretrain-rope"),
+            "long-context fine-tune": finished_steps(long_dir)}
+    trained = steps is not None and min(done["pretrain (learned)"], done["pretrain (rope)"]) >= steps \
+        and done["long-context fine-tune"] >= args.finetune_steps
+    both, rope_dir = [ckpts / "pretrain", ckpts / "pretrain-rope"], ckpts / "pretrain-rope"
+    reads = {"evaluate": ("evaluate", both), "context": ("context", both), "sweep": ("sweep", [rope_dir, long_dir]),
+             "sinks": ("sinks", [rope_dir]), "dynamic": ("dynamic", [rope_dir]), "LoRA fine-tune": ("lora", [rope_dir])}
+    skipped = tuple(stage for stage, (name, paths) in reads.items()  # measurements that `measure` will skip
+                    if trained and up_to_date(results / f"{name}.json", paths))
+    print(f"\nmeasuring this machine for the plan ({device}, {dtype_name(dtype)}"
+          f"{'' if args.tiny else ', compiled: a minute or two'})", flush=True)
+    lora_left = not args.tiny and "LoRA fine-tune" not in skipped
+    rates = measure(learned, rope, device, dtype, compile=not args.tiny, batch_size=batch_size,
+                    training=not trained or lora_left)
+    steps = steps or steps_for(rates, cap=STEPS)
+    job = Job(steps=steps, val_tokens=(data / "val.bin").stat().st_size // 2, mixed=dtype_name(dtype) != "float32",
+              config=rope, batch_size=batch_size, finetune_steps=args.finetune_steps, lora_steps=args.lora_steps,
+              lora=not args.tiny, report=not args.tiny, done=done, skipped=skipped)
+    progress = Progress(stages(rates, job), started=started, say=lambda text: print(text, flush=True))
+    chosen = "as asked" if args.max_steps else "as before" if before else "about ten minutes for the first kind here"
+    progress.show(f"{steps:,} steps each, {chosen}; {rates.line()}")
+    return progress, steps
+
+
 def main(argv: list[str] | None = None) -> None:
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--source", help="TinyStories file or folder (default: $MVGPT_TINYSTORIES, else download)")
     p.add_argument("--out", type=writable_folder,
                    help="where data/, checkpoints/, runs/ and results/ go (default: here; tiny/ with --tiny)")
-    p.add_argument("--max-steps", type=positive_int, default=STEPS, help="training steps for each kind (same for both)")
+    p.add_argument("--max-steps", type=positive_int,
+                   help="training steps for each kind, the same for both (default: as many as take the first kind "
+                        f"about ten minutes here, at most {STEPS}; a job run again keeps its count)")
     p.add_argument("--device", help="cpu, cuda, mps (default: the best present)")
     p.add_argument("--finetune-steps", type=positive_int, default=80, help="steps of the long-context fine-tune")
     p.add_argument("--lora-steps", type=positive_int, default=150, help="steps of the LoRA instruction fine-tune")
     p.add_argument("--tiny", action="store_true", help="a tiny model and vocabulary: checks the pipeline")
     args = p.parse_args(argv)
+    started = time.perf_counter()
 
     out = Path(args.out or ("tiny" if args.tiny else "."))  # a tiny check never overwrites the real results
     data, ckpts, runs, results = out / "data", out / "checkpoints", out / "runs", out / "results"
@@ -104,19 +177,25 @@ def main(argv: list[str] | None = None) -> None:
         prepare += ["--vocab-size", "512"]
     run(prepare, env)
 
+    # the plan: this machine measured, each stage's time from it, the steps both kinds train
+    progress, args.max_steps = plan_job(args, data, ckpts, results, started)
+
     # both kinds from the same seed, data and batches, the same number of steps, in bfloat16 where it is native
     model = TINY if args.tiny else ["--compile"]  # compiling pays over a thousand steps, not over a tiny run
     for kind, name in (([], "pretrain"), (["--rope"], "pretrain-rope")):
         train([str(SCRIPTS / "pretrain.py"), *kind, *model, "--max-steps", str(args.max_steps), "--dtype", "auto"],
               ckpts / name, args.max_steps, results / f"{name}.json", common, env)
+        progress.done(f"pretrain ({'rope' if kind else 'learned'})")
 
     # the episode's comparison: held-out loss, then past the window
     both = [str(ckpts / "pretrain"), str(ckpts / "pretrain-rope")]
     rope = str(ckpts / "pretrain-rope")
     measure([str(SCRIPTS / "evaluate.py"), *both, *device, *data_flag, "--dtype", "auto"],  # bf16 beside float32
             results / "evaluate.json", both, env)
+    progress.done("evaluate")
     measure([str(SCRIPTS / "context.py"), *both, *device, *data_flag, "--length", str(3 * window)],
             results / "context.json", both, env)
+    progress.done("context")
 
     # reading past the training context: a fine-tune to 4 windows, the sweep, sinks, dynamic NTK
     long_dir = ckpts / f"pretrain-rope-ctx{4 * window}-linear"
@@ -124,23 +203,29 @@ def main(argv: list[str] | None = None) -> None:
            "--rope-scaling", "linear", "--batch-size", "4", "--max-steps", str(args.finetune_steps), "--warmup", "5",
            "--lr", "5e-4", "--eval-every", "20", "--ckpt-every", "20", "--dtype", "auto"],
           long_dir, args.finetune_steps, results / f"{long_dir.name}.json", common, env)
+    progress.done("long-context fine-tune")
     contexts = [str(window * k // 4) for k in (4, 6, 8, 12, 16, 24, 32)]
     long_context = str(SCRIPTS / "long_context.py")
     measure([long_context, rope, str(long_dir), *device, *data_flag, "--ctx", *contexts,
              "--rope-scaling", *SCALING_METHODS], results / "sweep.json", [rope, str(long_dir)], env)
+    progress.done("sweep")
     measure([long_context, rope, *device, *data_flag, "--sinks", "4", "--length", str(4 * window),
              "--streams", "4"], results / "sinks.json", [rope], env)
+    progress.done("sinks")
     measure([long_context, rope, *device, *data_flag, "--dynamic", "--length", str(2 * window),
              "--streams", "4"], results / "dynamic.json", [rope], env)
+    progress.done("dynamic")
 
     # episode 9: instruction fine-tuning with LoRA on the rope model, measured against its base (a tiny check's
     # few short stories have no words rare enough to ask for: tests/test_finetune.py covers it on its own data)
     if not args.tiny:
         measure([str(SCRIPTS / "finetune.py"), "--init-from", rope, *common, "--out-dir", str(ckpts / "lora-rope"),
                  "--max-steps", str(args.lora_steps)], results / "lora.json", [rope], env)
+        progress.done("LoRA fine-tune")
 
     if not args.tiny:  # the docs' tables and figures describe the real runs, not a tiny check
         run([str(ROOT / "dev" / "report.py"), "--results-dir", str(results)], env)
+        progress.done("report")
     print(f"\ndone: checkpoints in {ckpts}, TensorBoard logs in {runs} (tensorboard --logdir {runs}), "
           f"tables in {results}")
 

@@ -56,7 +56,7 @@ from mvgpt.perf import compile_pays, tune_malloc
 from mvgpt.precision import CHOICES as DTYPE_CHOICES
 from mvgpt.precision import autocast, dtype_name, resolve_dtype
 from mvgpt.rope_scaling import SCALING_METHODS
-from mvgpt.train import configure_optimizer, lr_at
+from mvgpt.train import WARMUP_SHARE, configure_optimizer, lr_at
 
 EVAL_SEED = 1234  # the held-out batches are the same for every run
 DEFAULT_MINUTES = 10.0  # a run without --max-steps trains this long, as the episode does
@@ -93,7 +93,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--min-lr-ratio", type=float, default=0.1, help="final lr as a share of --lr")
-    p.add_argument("--warmup", type=int, default=200, help="warm-up steps (why 200: docs/pretraining.md)")
+    p.add_argument("--warmup", type=int, default=200, help="warm-up steps (why 200: docs/pretraining.md); bounded "
+                   "by --minutes, at most the steps that fit in --warmup-share of them")
+    p.add_argument("--warmup-share", type=float, default=WARMUP_SHARE,
+                   help="bounded by --minutes, the warm-up ends by this share of them at the latest (default "
+                        "%(default)g: why, mvgpt/train.py; 0: by its steps alone)")
     p.add_argument("--weight-decay", type=float, default=0.1)
     p.add_argument("--grad-clip", type=float, default=1.0, help="gradient norm clip (0: none)")
     p.add_argument("--max-steps", type=int, help="train this many steps; the schedule follows the steps")
@@ -136,7 +140,7 @@ def check_args(args: argparse.Namespace) -> str | None:
             return f"--{name.replace('_', '-')} {value} must be at least {low}"
     ranges = {"lr": (0, math.inf, False), "min_lr_ratio": (0, 1, True), "weight_decay": (0, math.inf, True),
               "grad_clip": (0, math.inf, True), "minutes": (0, math.inf, True), "rope_theta": (0, math.inf, False),
-              "rope_factor": (0, math.inf, False)}
+              "rope_factor": (0, math.inf, False), "warmup_share": (0, 1, True)}
     for name, (low, high, closed) in ranges.items():
         value = getattr(args, name)
         if value is None:
@@ -452,10 +456,16 @@ def train(run: dict, args: argparse.Namespace) -> dict:
                             val_loss=val_loss)
 
     model.train()
+    first = step  # this process's first step (it compiles, where it does): the pace leaves it out
     while step < max_steps and elapsed < budget:
         t0 = clock()
-        # the learning rate: warm-up, then cosine over the steps (--max-steps) or over the clock
-        lr = lr_at(step, args.lr, args.warmup, args.min_lr_ratio, args.max_steps, elapsed, budget)
+        # the learning rate: warm-up, then cosine over the steps (--max-steps) or over the clock; bounded by
+        # the clock, the warm-up ends in time too, at the pace of the steps so far (rank 0's clock on every rank)
+        if step == first + 1:
+            after_first = elapsed
+        pace = (elapsed - after_first) / (step - first - 1) if step > first + 1 else None
+        lr = lr_at(step, args.lr, args.warmup, args.min_lr_ratio, args.max_steps, elapsed, budget, pace,
+                   args.warmup_share)
         for group in optimizer.param_groups:
             group["lr"] = lr
         # the batch: depends only on (seed, rank, step), so a resumed run sees the same ones

@@ -1,5 +1,6 @@
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -62,6 +63,11 @@ def test_bench_runs_end_to_end_and_writes_its_figures(tmp_path):
         assert {"tokens_per_s", "flops", "share_of_peak", "profile", "compiled"} <= set(t)
         assert t["flops"] == t["tokens_per_s"] * training_flops_per_token(tiny_config())
         assert t["share_of_peak"] == t["flops"] / best
+        own = saved["ceilings"]["matmul_fp32_flops" if t["dtype"] == "float32" else "matmul_bf16_flops"]
+        assert t["share_of_dtype_peak"] == t["flops"] / own  # against its own precision's products
+    assert saved["training_float32_share_of_fp32_peak"] == {
+        t["kind"]: t["share_of_dtype_peak"] for t in saved["training"] if t["dtype"] == "float32"}
+    assert saved["skipped"] == [] and saved["estimated_seconds"] > 0  # nothing takes minutes in a tiny model
     speed = {(t["kind"], t["dtype"]): t["tokens_per_s"] for t in saved["training"]}
     assert saved["training_bf16_over_fp32"] == {
         k: speed[k, "bfloat16"] / speed[k, "float32"] for k in ("learned", "rope")}
@@ -87,6 +93,7 @@ def test_bench_runs_end_to_end_and_writes_its_figures(tmp_path):
         assert number > 0, path
     assert "decoding, sliding cache (rope, batch 1), bfloat16 weights" in printed and saved["machine"] in printed
     assert "training, rope, bf16 over float32" in printed
+    assert "training, rope, float32 (eager) against float32's products" in printed and "plan: about" in printed
 
     docs = tmp_path / "docs"  # the docs' table, profiles and figure, from this JSON (dev/report.py)
     run(str(ROOT / "dev" / "report.py"), "--results-dir", str(tmp_path), "--docs-dir", str(docs), "--readme", "")
@@ -227,3 +234,66 @@ def compiled_decoding_gives_the_eager_logits() -> None:
     assert greedy(fast).equal(greedy(model))
     assert all(p.equal(q) for p, q in zip(model.parameters(), fast.parameters(), strict=True))  # a copy
     assert not hasattr(model, "_compiled_call_impl") or model._compiled_call_impl is None  # the original stays eager
+
+
+def test_a_part_that_would_take_too_long_here_is_skipped_in_one_line_and_the_rest_runs(monkeypatch, capsys, tmp_path):
+    """bf16 emulated (a CPU without bf16 instructions: ~300 times slower than float32): the probe reports
+    it slow, and the bf16 parts are skipped, each in one line with its estimate; float32's all run."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import bench
+
+    slow = {"matmul_fp32_flops": 1e12, "matmul_bf16_flops": 1e3, "read_bandwidth": 1e12}
+    monkeypatch.setattr(bench, "probe", lambda device: dict(slow))
+    result = bench.main([*TINY[:-1], "float32", "--quick", "--json", str(tmp_path / "bench.json")])
+    printed = capsys.readouterr().out.splitlines()
+    skipped = [line for line in printed if line.startswith("skipped: ")]
+    parts = ["bf16 matmul peak", "training in bfloat16", "decoding with bfloat16 weights"]
+    assert [line.split(",")[0] for line in skipped] == [f"skipped: {part}" for part in parts]
+    assert re.fullmatch(r"skipped: training in bfloat16, about \d+ hours at this machine's bf16 products \(0\.0 "
+                        r"GFLOP/s in the probe\), over the 5 min limit \(--limit-minutes\)", skipped[1]), skipped[1]
+    assert [s["part"] for s in result["skipped"]] == parts
+    estimates = bench.estimate_parts(slow, tiny_config(), tiny_config(rope=True), torch.device("cpu"), 2,
+                                     torch.float32, True, False, torch.get_num_threads(), [1, 2], False)
+    assert [s["estimated_seconds"] for s in result["skipped"]] == [estimates[part] for part in parts]
+    assert all(estimates[part] > 300 for part in parts) and result["estimated_seconds"] == sum(
+        s for part, s in estimates.items() if part not in parts)
+    assert printed[1].startswith(f"plan: about {bench.minutes(result['estimated_seconds'])} on this machine")
+    # the rest ran: float32's training, decoding with float32 weights, the headline's decoding, generation
+    assert [(t["kind"], t["dtype"]) for t in result["training"]] == [("learned", "float32"), ("rope", "float32")]
+    assert result["ceilings"]["matmul_bf16_flops"] == 1e3 and result["ceilings"]["matmul_bf16_n"] == bench.PROBE_N
+    assert result["ceilings"]["training_peak"] == "matmul_fp32_flops"
+    assert list(result["decoding"]["cached_ms_by_dtype"]) == ["float32"] and result["decoding"]["rerun_ms"] > 0
+    assert [g["batch"] for g in result["generation"]] == [1, 2] and result["training_bf16_over_fp32"] == {}
+    assert ("training in bfloat16", "skipped", f"about {bench.minutes(estimates['training in bfloat16'])} here", "",
+            "") in bench.summary_rows(result)  # and the summary table says so
+    # float32's step against float32's products, whichever peak is the best
+    for t in result["training"]:
+        assert t["share_of_dtype_peak"] == t["flops"] / result["ceilings"]["matmul_fp32_flops"]
+    assert result["training_float32_share_of_fp32_peak"] == {
+        t["kind"]: t["share_of_dtype_peak"] for t in result["training"]}
+    assert json.loads((tmp_path / "bench.json").read_text())["skipped"] == result["skipped"]
+
+
+def test_the_plan_says_its_durations_in_seconds_minutes_or_hours():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import bench
+
+    assert [bench.minutes(s) for s in (42.4, 119.0, 150.0, 7199.0, 5 * 3600.0)] == [
+        "42 s", "119 s", "2 min", "120 min", "5 hours"]
+
+
+def test_only_runs_the_parts_asked_for_and_the_ceilings(capsys):
+    """bench.py --only decoding (dev/gpu_check.sh's: a GPU's decoding without its training's compiles)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import bench
+
+    result = bench.main([*TINY, "--quick", "--only", "decoding"])
+    assert result["training"] == [] and result["generation"] == [] and result["training_malloc_untuned"] is None
+    assert set(result["decoding"]["cached_ms_by_dtype"]) == {"float32", "bfloat16"}
+    assert {"matmul_fp32_flops", "matmul_bf16_flops", "read_bandwidth"} <= set(result["ceilings"])
+    assert "matmul_bf16_n" not in result["ceilings"]  # measured, not the probe's
+    assert result["not_asked"] == ["compiled training in bfloat16", "compiled training in float32", "generation",
+                                   "training in bfloat16", "training in float32"]
+    assert "not asked (--only): compiled training in bfloat16, compiled training in float32, generation" in (
+        capsys.readouterr().out)
+    assert not any(row[0].startswith("training") for row in bench.summary_rows(result))

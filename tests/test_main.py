@@ -13,6 +13,9 @@ def test_the_main_job_runs_end_to_end_on_a_tiny_model(corpus_dir, tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "plan (4 steps each, as asked; measured in" in result.stdout  # the plan before training
+    progress = [line for line in result.stdout.splitlines() if line.startswith("[")]  # a line after each stage
+    assert len(progress) == 8 and all(" left, " in line for line in progress), progress
     for name in ("evaluate", "context", "sweep", "sinks", "dynamic"):
         assert json.loads((tmp_path / "results" / f"{name}.json").read_text())
     for run in ("pretrain", "pretrain-rope", "pretrain-rope-ctx128-linear"):
@@ -34,3 +37,78 @@ def test_finished_steps_reads_the_step_and_refuses_a_corrupt_checkpoint(tmp_path
     (tmp_path / "run" / "ckpt.pt").write_bytes(b"garbage")
     with pytest.raises(SystemExit, match="truncated or corrupt"):
         main.finished_steps(tmp_path / "run")
+
+
+def fake_job(monkeypatch, data_dir, tmp_path, step_s: float = 2.0):
+    """main() with its steps recorded instead of run, on prepared data, with a measured machine made up:
+    (the commands, what it printed)."""
+    import main
+
+    from mvgpt import plan
+
+    (tmp_path / "data").symlink_to(data_dir)
+    commands = []
+    monkeypatch.setattr(main, "run", lambda step, env: commands.append(step))
+    monkeypatch.setattr(main, "measure", lambda step, out, checkpoints, env: commands.append(step))
+    made_up = plan.Rates(step_s={"learned": step_s, "rope": 2.5}, compile_s={"learned": 40.0, "rope": 60.0},
+                         eager_step_s={"auto": 3.0, "float32": 3.0}, eval_s=0.5, eval_float32_s=0.5, window_s=0.06,
+                         token_s=0.008, seconds=90.0)
+    monkeypatch.setattr(plan, "measure", lambda *args, **kwargs: made_up)
+    return commands
+
+
+def pretrain_commands(commands) -> list[list[str]]:
+    return [c[1:] for c in commands if c[0].endswith("pretrain.py") and "--init-from" not in c]
+
+
+def test_the_default_steps_fit_the_first_kind_into_ten_minutes_and_max_steps_1000_is_the_committed_runs(
+        monkeypatch, data_dir, tmp_path, capsys):
+    import main
+
+    commands = fake_job(monkeypatch, data_dir, tmp_path)
+    main.main(["--out", str(tmp_path), "--device", "cpu"])
+    said = capsys.readouterr().out
+    # 2 s a step, 40 s compiling, evaluations and checkpoints every 25 steps: 225 steps in ten minutes
+    assert [c[c.index("--max-steps") + 1] for c in pretrain_commands(commands)] == ["225", "225"]
+    assert "plan (225 steps each, about ten minutes for the first kind here; measured in 90 s" in said
+    stages = ["pretrain (learned)", "pretrain (rope)", "evaluate", "context", "long-context fine-tune", "sweep",
+              "sinks", "dynamic", "LoRA fine-tune", "report"]
+    assert [line.split(":")[0] for line in said.splitlines() if line.startswith("[")] == [f"[{s}" for s in stages]
+    assert all("left, " in line for line in said.splitlines() if line.startswith("["))
+
+    commands.clear()
+    main.main(["--out", str(tmp_path), "--device", "cpu", "--max-steps", "1000"])
+    runs, data = tmp_path / "runs", str(tmp_path / "data")
+    assert pretrain_commands(commands) == [  # the committed runs' flags, as the main job gave them before
+        [*kind, "--compile", "--max-steps", "1000", "--dtype", "auto", "--device", "cpu", "--data-dir", data,
+         "--runs-dir", str(runs), "--out-dir", str(tmp_path / "checkpoints" / name),
+         "--json", str(tmp_path / "results" / f"{name}.json")]
+        for kind, name in (([], "pretrain"), (["--rope"], "pretrain-rope"))]
+
+
+def test_a_job_run_again_keeps_the_steps_it_chose(monkeypatch, data_dir, tmp_path):
+    import main
+    from conftest import tiny_model
+
+    from mvgpt.checkpoint import save_checkpoint
+
+    commands = fake_job(monkeypatch, data_dir, tmp_path, step_s=0.5)  # a faster machine would choose more
+    save_checkpoint(tmp_path / "checkpoints" / "pretrain", tiny_model(), step=100, args={"max_steps": 225})
+    assert main.steps_trained_before(tmp_path / "checkpoints") == 225
+    main.main(["--out", str(tmp_path), "--device", "cpu"])
+    assert [c[c.index("--max-steps") + 1] for c in pretrain_commands(commands)] == ["225", "225"]
+
+
+def test_a_measurement_is_up_to_date_when_newer_than_every_checkpoint_it_reads(tmp_path):
+    import main
+    from conftest import tiny_model
+
+    from mvgpt.checkpoint import save_checkpoint
+
+    out = tmp_path / "evaluate.json"
+    assert not main.up_to_date(out, [tmp_path / "a"])
+    save_checkpoint(tmp_path / "a", tiny_model(), step=1)
+    out.write_text("{}")
+    assert main.up_to_date(out, [tmp_path / "a"]) and not main.up_to_date(out, [tmp_path / "a", tmp_path / "b"])
+    os.utime(out, (0, 0))  # older than the checkpoint
+    assert not main.up_to_date(out, [tmp_path / "a"])

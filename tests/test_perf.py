@@ -13,6 +13,8 @@ from mvgpt.perf import COMPILE_PAYS_AFTER_S, compile_pays, kernel_names, profile
     ("cpu", torch.bfloat16, 600.0, False, False),  # no C++ compiler for inductor's loops
     ("cpu", torch.bfloat16, 600.0, "no headers", False),  # a compiler, but no Python.h to build against
     ("cuda", torch.bfloat16, 600.0, True, False),  # not measured here: --compile asks for it
+    ("mps", torch.float32, 3600.0, True, False),  # Apple's GPU: inductor's Metal backend, not measured
+    ("mps", torch.bfloat16, 3600.0, True, False),
 ])
 def test_compile_pays_for_long_bf16_runs_on_a_cpu_with_a_compiler(
     monkeypatch, tmp_path, device, dtype, seconds, compiler, pays

@@ -1,3 +1,4 @@
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -51,6 +52,16 @@ def test_resolve_dtype_takes_a_named_dtype_as_asked_and_auto_from_the_hardware()
     assert resolve_dtype("auto", "cpu") == (torch.bfloat16 if bf16_pays(torch.device("cpu")) else torch.float32)
     with pytest.raises(ValueError, match="unknown dtype 'float16'"):
         resolve_dtype("float16", "cpu")
+
+
+def test_apples_gpu_trains_in_float32_unless_asked_and_autocasts_to_bf16_when_asked():
+    """MPS's choices, held without MPS: nothing here touches the device (bf16_pays decides before any
+    product), so they hold on any machine."""
+    assert resolve_dtype("auto", "mps") == torch.float32 and bf16_pays(torch.device("mps")) is False
+    assert resolve_dtype("bfloat16", "mps") == torch.bfloat16
+    assert isinstance(autocast("mps", torch.float32), contextlib.nullcontext)  # float32: no autocast at all
+    asked = autocast("mps", torch.bfloat16)
+    assert isinstance(asked, torch.autocast) and (asked.device, asked.fast_dtype) == ("mps", torch.bfloat16)
 
 
 def test_pretrain_uncompiled_trains_in_the_dtype_auto_resolves_to(data_dir, tmp_path):

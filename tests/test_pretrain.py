@@ -15,7 +15,7 @@ from conftest import ROOT
 
 from mvgpt.checkpoint import load_model, read_checkpoint
 from mvgpt.data import get_batch, load_tokens
-from mvgpt.train import lr_at
+from mvgpt.train import cosine, lr_at
 
 TINY = ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "16", "--batch-size", "4",
         "--eval-batches", "2", "--eval-every", "3", "--warmup", "2", "--minutes", "0"]
@@ -247,6 +247,51 @@ def test_a_run_bounded_by_time_follows_the_clock(root, monkeypatch):
     assert out["seconds"] == 6.0 and [e["step"] for e in out["evals"]] == [5, 10]
 
 
+def test_bounded_by_the_clock_the_warm_up_is_the_lesser_of_its_steps_and_a_share_of_the_budget():
+    from mvgpt.train import WARMUP_SHARE
+
+    lr = lambda step, **kw: lr_at(step, 1.0, 200, 0.1, budget=600.0, **kw)  # noqa: E731
+    # 4 s a step: the share of ten minutes holds 30 steps, so the warm-up is 30 steps, not 200
+    assert WARMUP_SHARE * 600.0 / 4.0 == 30
+    assert [lr(s, elapsed=4.0 * s, step_seconds=4.0) for s in (0, 14, 29)] == [1 / 30, 0.5, 1.0]
+    assert lr(30, elapsed=120.0, step_seconds=4.0) == cosine(0.2, 0.1)  # then the cosine, on the clock
+    # 0.5 s a step: 200 steps take 100 s, inside the share: the steps end it, as without a pace
+    assert [lr(s, elapsed=0.5 * s, step_seconds=0.5) for s in (0, 99, 199, 200)] == [
+        lr(s, elapsed=0.5 * s) for s in (0, 99, 199, 200)] == [1 / 200, 0.5, 1.0, cosine(100 / 600, 0.1)]
+    assert lr(0, elapsed=0.0, step_seconds=1e6) == 1.0  # a step longer than the share: at the peak at once
+    # bounded by steps, the pace changes nothing
+    assert lr_at(5, 1.0, 200, 0.1, max_steps=1000, step_seconds=4.0) == lr_at(5, 1.0, 200, 0.1, max_steps=1000)
+    assert lr(29, elapsed=116.0, step_seconds=4.0, share=0.0) == 30 / 200  # share 0: the steps alone
+
+
+@pytest.mark.parametrize("tick, warmup, leaves_at", [
+    (0.1, 200, 12),  # slow: 60 steps in the 6 s, the warm-up ends when a fifth of the time is gone (1.2 s)
+    (0.02, 5, 5),  # fast: 300 steps, its 5 warm-up steps end before the share does, as they always did
+])
+def test_a_run_bounded_by_time_leaves_its_warm_up_in_time_and_ends_at_the_floor(root, monkeypatch, tick, warmup,
+                                                                               leaves_at):
+    monkeypatch.setattr(pretrain, "clock", FakeClock(tick))
+    train(root, "run", "--minutes", "0.1", "--warmup", str(warmup), "--eval-every", "1000", "--ckpt-every", "1000")
+    log = [r for r in records(root / "run") if "loss" in r]
+    rates = [r["lr"] for r in log]
+    peak = rates.index(max(rates))  # the last warm-up step (one more where the pace's float rounding says so)
+    assert max(rates) == 2e-3 and peak in (leaves_at - 1, leaves_at)
+    assert rates[: peak + 1] == sorted(rates[: peak + 1])  # up, then down to the floor when the time is up
+    assert rates[peak:] == sorted(rates[peak:], reverse=True)
+    assert log[-1]["elapsed"] >= 6.0 and rates[-1] == pytest.approx(2e-4, rel=0.01)
+    before = [0.0] + [r["elapsed"] for r in log[:-1]]  # the clock when each step began
+    if warmup == 5:  # where the steps bound it, the schedule is the one without a pace, step for step
+        assert rates == [lr_at(r["step"] - 1, 2e-3, warmup, 0.1, None, t, 6.0) for r, t in zip(log, before,
+                                                                                               strict=True)]
+    else:  # a fixed-step warm-up would still be climbing when the time is up: --warmup-share 0 keeps it
+        assert lr_at(len(log) - 1, 2e-3, warmup, 0.1, None, before[-1], 6.0) < 2e-3 / 3
+        monkeypatch.setattr(pretrain, "clock", FakeClock(tick))
+        train(root, "fixed", "--minutes", "0.1", "--warmup", str(warmup), "--eval-every", "1000", "--ckpt-every",
+              "1000", "--warmup-share", "0")
+        fixed = [r["lr"] for r in records(root / "fixed") if "loss" in r]
+        assert fixed == [2e-3 * min(1.0, (s + 1) / warmup) for s in range(len(fixed))] and fixed[-1] < 2e-3 / 3
+
+
 def test_resume_continues_the_clock(root, monkeypatch):
     args = ("--minutes", "0.1", "--warmup", "2", "--eval-every", "5", "--ckpt-every", "100")
     monkeypatch.setattr(pretrain, "clock", FakeClock(0.5))
@@ -357,6 +402,7 @@ BAD_FLAGS = [
     ["--minutes", "nan"], ["--minutes", "-1"], ["--minutes", "inf"], ["--max-steps", "0"], ["--warmup", "-1"],
     ["--eval-batches", "0"], ["--weight-decay", "-0.1"], ["--n-head", "5"], ["--rope-factor", "0"],
     ["--minutes", "0", "--max-steps", "-5"], ["--dtype", "float16"], ["--resume", "--overwrite"],
+    ["--warmup-share", "1.5"], ["--warmup-share", "-0.1"],
 ]
 
 

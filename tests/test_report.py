@@ -297,6 +297,9 @@ def test_bench_table_tolerates_absent_optional_keys(results):
     # against the float32 floor, with its speed beside the eager step's
     assert ["decoding, sliding cache, float32 weights", "6.00 ms/token", "floor 4.00 ms", "1.50× floor",
             "≤ 1.5×"] in full
+    # the eager float32 step (the first row: a bench from before rows named their dtype) against float32's peak
+    assert ["training (rope, float32): against float32's products", "0.94 of the fp32 peak", "fp32 peak 160.0 GFLOP/s",
+            "", ""] in full
     assert ["decoding, sliding cache, bfloat16, 2 threads", "8.00 ms/token", "floor 2.00 ms", "4.00× floor",
             "≤ 1.5×"] in full
     assert ["decoding, sliding cache, float32, compiled", "3.60 ms/token (compiling: 14 s, 1.25× the eager step's "
@@ -314,9 +317,22 @@ def test_bench_table_tolerates_absent_optional_keys(results):
     tables, _ = report.build(results)
     rows = rows_of(tables["bench"])
     assert [r[0] for r in rows] == ["figure", "fp32 matmul peak", "memory read", "training (rope, 16×256)",
-                                    "training (rope, bfloat16, 16×256)", "decoding, sliding cache, 2 threads",
+                                    "training (rope, bfloat16, 16×256)",
+                                    "training (rope, float32): against float32's products",
+                                    "decoding, sliding cache, 2 threads",
                                     "decoding, re-run window (learned, 256)", "generation, batch 1"]
-    assert rows[3][-1] == "" and rows[5][3:] == ["4.00× floor", ""]  # no goals in the JSON: no goal column
+    assert rows[3][-1] == "" and rows[6][3:] == ["4.00× floor", ""]  # no goals in the JSON: no goal column
+    # a bench on a CPU whose bf16 is emulated: its probe's bf16 peak, and the parts its plan skipped
+    emulated = bench_json(full=False)
+    emulated["ceilings"] |= {"matmul_bf16_flops": 0.3e9, "matmul_bf16_n": 256}
+    emulated |= {"skipped": [{"part": "training in bfloat16", "estimated_seconds": 3 * 3600.0}],
+                 "training_float32_share_of_fp32_peak": {"rope": 0.76}}
+    (results / "bench.json").write_text(json.dumps(emulated))
+    rows = rows_of(report.build(results)[0]["bench"])
+    assert ["bf16 matmul peak", "0.3 GFLOP/s", "256² product (bench's probe)", "", ""] in rows
+    assert ["training (rope, float32): against float32's products", "0.76 of the fp32 peak", "fp32 peak 160.0 GFLOP/s",
+            "", ""] in rows  # the figure bench.py wrote, where it did
+    assert rows[-1] == ["training in bfloat16", "skipped", "about 180 min on this machine", "", ""]
     assert "**One training step (rope, bfloat16)**\n\n```text\nmm 58%\n```" in tables["bench-profiles"]
 
 
@@ -368,6 +384,7 @@ def test_bench_machines_sets_each_cpus_peaks_and_fastest_step_side_by_side(resul
                     ["bf16 matmul peak", "380.0 GFLOP/s (2.4× fp32)"], ["memory read", "25.0 GB/s"],
                     ["training, learned: the fastest step", "–"],
                     ["training, rope: the fastest step", "3,000 tokens/s = 0.50 of peak (bfloat16)"],
+                    ["training, float32 (eager): the fp32 peak's share", "rope 0.94"],
                     ["the matrix products' share of the last profiled rope step", "–"],
                     ["decoding, sliding cache, float32 weights", "6.00 ms/token = 1.50× its floor"],
                     ["decoding, sliding cache, bfloat16 weights", "8.00 ms/token = 4.00× its floor"],
@@ -381,8 +398,8 @@ def test_bench_machines_sets_each_cpus_peaks_and_fastest_step_side_by_side(resul
     rows = rows_of(text)
     assert rows[0] == ["figure", "Made-up CPU", "Other CPU (AVX2)"]
     assert rows[2] == ["bf16 matmul peak", "380.0 GFLOP/s (2.4× fp32)", "–"]
-    assert rows[6] == ["the matrix products' share of the last profiled rope step", "–", "75% of 400 ms"]
-    assert rows[7:] == [["decoding, sliding cache, float32 weights", "6.00 ms/token = 1.50× its floor", "–"],
+    assert rows[7] == ["the matrix products' share of the last profiled rope step", "–", "75% of 400 ms"]
+    assert rows[8:] == [["decoding, sliding cache, float32 weights", "6.00 ms/token = 1.50× its floor", "–"],
                         ["decoding, sliding cache, bfloat16 weights", "8.00 ms/token = 4.00× its floor", "–"],
                         ["decoding, float32, compiled", "1.25× the eager step's speed", "–"],
                         ["measured", "2026-12-01", "2026-12-02"]]

@@ -1,0 +1,133 @@
+import math
+
+import pytest
+import torch
+from conftest import tiny_config
+
+from mvgpt import plan
+from mvgpt.bench import forward_flops, training_flops_per_token
+from mvgpt.plan import PROCESS_S, REPORT_S, SAVE_S, Job, Progress, Rates, measure, stages, steps_for
+
+
+def rates(**overrides) -> Rates:
+    r = Rates(step_s={"learned": 2.0, "rope": 2.5}, compile_s={"learned": 40.0, "rope": 60.0},
+              eager_step_s={"auto": 3.0, "float32": 3.0}, eval_s=0.5, eval_float32_s=0.5, window_s=0.06,
+              token_s=0.008, seconds=90.0)
+    for k, v in overrides.items():
+        setattr(r, k, v)
+    return r
+
+
+class Timestamps:
+    """A clock whose timed calls take the given seconds, in order (plan._times reads it twice a call)."""
+
+    def __init__(self, durations: list[float]) -> None:
+        self.stamps, t = [0.0], 0.0  # the first read: measure's start
+        for d in durations:
+            self.stamps += [t, t + d]
+            t += d
+        self.stamps.append(t)  # the last: its end
+        self.calls = 0
+
+    def __call__(self) -> float:
+        self.calls += 1
+        return self.stamps[self.calls - 1]
+
+
+def test_measure_times_each_kind_of_work_and_keeps_the_first_steps_extra_as_its_compile_time(monkeypatch):
+    compiled = []
+    monkeypatch.setattr(plan.torch, "compile", lambda model: compiled.append(model) or model)  # no inductor here
+    durations = [5.0, 1.0, 1.25, 0.75,  # learned: the first step (compiling), then three (binary fractions: exact sums)
+                 9.0, 2.0, 2.0, 3.0,  # rope
+                 4.0, 1.5, 1.5, 1.5,  # rope eager, float32 (the run's dtype here)
+                 1.0, 0.25, 0.25,  # evaluate's batch (the first call left out)
+                 1.0, 0.25, 0.25,  # the same in float32
+                 0.5, 0.0625, 0.0625,  # a window's re-run
+                 0.125, 2**-7, 2**-7, 2**-7, 2**-7, 2**-7]  # cached steps
+    clock = Timestamps(durations)
+    r = measure(tiny_config(), tiny_config(rope=True), torch.device("cpu"), torch.float32, compile=True,
+                batch_size=2, clock=clock)
+    assert clock.calls == len(clock.stamps)  # every timed call read the clock twice, and nothing else did
+    assert r.step_s == {"learned": 1.0, "rope": 2.0} and r.compile_s == {"learned": 4.0, "rope": 7.0}
+    assert r.eager_step_s == {"auto": 1.5, "float32": 1.5}
+    assert (r.eval_s, r.eval_float32_s, r.window_s, r.token_s) == (0.25, 0.25, 0.0625, 2**-7)
+    assert r.seconds == sum(durations)
+    assert [m.config.rope for m in compiled] == [False, True]  # each kind's step compiled, as pretrain.py will
+    # nothing left to train: the steps are not measured (nor compiled), the rest is
+    clock = Timestamps(durations[12:])
+    r = measure(tiny_config(), tiny_config(rope=True), torch.device("cpu"), torch.float32, compile=True,
+                batch_size=2, training=False, clock=clock)
+    assert r.step_s == {} and r.token_s == 2**-7 and len(compiled) == 2
+
+
+def test_the_default_steps_take_the_first_kind_about_ten_minutes_and_never_more_than_1000():
+    # 2 s a step, an evaluation of 8 batches of 16 every 25 steps, a checkpoint too: 2.34 s a step
+    assert (600 - PROCESS_S - 40.0) / (2.0 + (16 * 0.5 + SAVE_S) / 25) == pytest.approx(235.9, abs=0.1)
+    assert steps_for(rates()) == 225  # in multiples of 25
+    assert steps_for(rates(step_s={"learned": 0.1})) == 1000  # a fast machine: the committed count
+    assert steps_for(rates(step_s={"learned": 60.0})) == 25  # a very slow one: one evaluation's worth
+
+
+def test_each_stage_is_its_work_at_the_measured_rates():
+    c, W = GPT_CONFIG, 256
+    r = rates()
+    job = Job(steps=200, val_tokens=273_465, mixed=True, config=c)
+    plan_ = {s.name: s for s in stages(r, job)}
+    assert list(plan_) == ["pretrain (learned)", "pretrain (rope)", "evaluate", "context", "long-context fine-tune",
+                           "sweep", "sinks", "dynamic", "LoRA fine-tune", "report"]
+    # pretraining: compiling, the steps, 8 evaluations of 8 batches of 16 x 256, a checkpoint every 25 steps
+    assert plan_["pretrain (learned)"].seconds == PROCESS_S + 40.0 + 200 * 2.0 + 8 * 8 * (2 * 0.5) + 8 * SAVE_S
+    assert plan_["pretrain (rope)"].seconds == PROCESS_S + 60.0 + 200 * 2.5 + 8 * 8 * (2 * 0.5) + 8 * SAVE_S
+    # evaluate: 1,068 windows, 134 batches of 8, for each model, in bf16 and in float32
+    assert plan_["evaluate"].seconds == PROCESS_S + 2 * 134 * (0.5 + 0.5)
+    assert plan_["evaluate"].what == f"{2 * 1068 * 256:,} tokens"
+    # context: 8 streams of 768; 512 window re-runs for each kind, 767 cached steps, one full forward (rope)
+    full = 768 * 0.5 / (8 * W) * (forward_flops(c, 768, 768) / 768) / (forward_flops(c, W, W) / W)
+    assert plan_["context"].seconds == pytest.approx(PROCESS_S + 8 * (2 * 512 * 0.06 + 767 * 0.008 + full))
+    # the long-context fine-tune: 80 eager steps of 4 x 1024, by flops against the measured 16 x 256
+    per_step = 4 * 1024 * training_flops_per_token(GPT_LONG) / (16 * 256 * training_flops_per_token(c))
+    per_token = lambda ctx: forward_flops(c, ctx, ctx) / ctx  # noqa: E731
+    evaluation = 8 * 0.5 * (4 * 1024 * per_token(1024)) / (8 * 256 * per_token(256))  # 8 batches of 4 x 1024
+    assert plan_["long-context fine-tune"].seconds == pytest.approx(
+        PROCESS_S + 80 * per_step * 3.0 + 4 * evaluation + 4 * SAVE_S)  # evaluating and saving every 20 steps
+    assert per_step > 1  # a longer context: more flops a token
+    # the sweep: 7 contexts from 256 to 2,048, each read for 16,384 tokens (whole chunks) by 7 methods, 2 models
+    chunks = sum(ctx * (16384 // ctx) for ctx in (256, 384, 512, 768, 1024, 1536, 2048))
+    assert plan_["sweep"].what == f"{14 * chunks:,} tokens"
+    # sinks: 4 streams of 1024 through three caches, and the window re-run past the first window
+    assert plan_["sinks"].seconds == pytest.approx(PROCESS_S + 4 * (3 * 1023 * 0.008 + 768 * 0.06))
+    assert plan_["report"].seconds == REPORT_S
+    # float32 runs read each model once; done and up-to-date stages take nothing
+    again = Job(steps=200, val_tokens=273_465, mixed=False, config=c, done={"pretrain (learned)": 200,
+                "pretrain (rope)": 150, "long-context fine-tune": 80}, skipped=("sweep",), lora=False, report=False)
+    plan_ = {s.name: s for s in stages(r, again)}
+    assert plan_["evaluate"].seconds == PROCESS_S + 2 * 134 * 0.5
+    assert (plan_["pretrain (learned)"].seconds, plan_["pretrain (learned)"].what) == (0.0, "done")
+    assert plan_["pretrain (rope)"].seconds == PROCESS_S + 60.0 + 50 * 2.5 + 2 * 8 * (2 * 0.5) + 2 * SAVE_S
+    assert plan_["long-context fine-tune"].seconds == 0.0 and plan_["sweep"].seconds == 0.0
+    assert "LoRA fine-tune" not in plan_ and "report" not in plan_
+
+
+GPT_CONFIG = plan.GPTConfig()
+GPT_LONG = plan.GPTConfig(block_size=1024)
+
+
+def test_the_plan_prints_each_stage_and_the_total_then_the_time_left_after_each():
+    said, now = [], [100.0]
+    stages_ = [plan.Stage("pretrain (learned)", 600.0, "225 steps"), plan.Stage("evaluate", 120.0, "1 token"),
+               plan.Stage("report", 30.0, "tables")]
+    progress = Progress(stages_, started=10.0, clock=lambda: now[0], say=said.append)
+    progress.show("225 steps each")
+    assert said[0].splitlines() == [
+        "plan (225 steps each):",
+        "  pretrain (learned)  225 steps                 10.0 min",
+        "  evaluate            1 token                    2.0 min",
+        "  report              tables                     0.5 min",
+        "  total                                         12.5 min, 14.0 min with the 1.5 min so far"]
+    now[0] = 100.0 + 660.0
+    progress.done("pretrain (learned)")
+    assert said[1] == "\n[pretrain (learned): 11.0 min (planned 10.0 min); about 2.5 min left, 12.5 min so far]"
+    now[0] += 60.0
+    progress.done("evaluate")
+    assert said[2] == "\n[evaluate: 1.0 min (planned 2.0 min); about 0.5 min left, 13.5 min so far]"
+    assert math.isclose(progress.total, 750.0)
