@@ -230,6 +230,12 @@ def move_in(staging: Path, data_dir: Path) -> None:
     shutil.rmtree(staging, ignore_errors=True)
 
 
+def prepared_for(meta: dict | None, fingerprint: str, vocab_size: int) -> bool:
+    """Was this preparation made from these inputs (the source's bytes, the vocabulary asked for)?"""
+    return meta is not None and (meta.get("source_hash"), meta.get("vocab_asked", meta.get("vocab_size"))) == (
+        fingerprint, vocab_size)
+
+
 def prepare(
     source: str | os.PathLike,
     data_dir: str | os.PathLike = DATA_DIR,
@@ -251,12 +257,7 @@ def prepare(
         recover(data_dir)
     fingerprint = source_fingerprint(source)
     meta = read_meta(data_dir)
-    if (
-        not force
-        and meta is not None
-        and meta.get("source_hash") == fingerprint
-        and meta.get("vocab_size") == vocab_size
-    ):
+    if not force and prepared_for(meta, fingerprint, vocab_size):
         meta["skipped"] = True
         return meta
     train, valid, split = read_source(source)  # a bad source is said first: it is what to fix
@@ -273,6 +274,7 @@ def prepare(
         tokenizer.save(staging / "tokenizer.json")
         meta = {
             "vocab_size": tokenizer.vocab_size,
+            "vocab_asked": vocab_size,  # a small text may give fewer tokens than asked: the same inputs all the same
             "tokenizer_hash": tokenizer.hash,
             "source": str(source),
             "source_hash": fingerprint,

@@ -59,6 +59,8 @@ def main(argv: list[str] | None = None) -> Path:
     out = Path(args.outdir)
     reads = {"the checkpoint": checkpoint_path(args.checkpoint), "--data-dir": args.data_dir}
     if args.format == "gguf":  # one file: never the checkpoint itself, nor a file of a run or the data
+        if out.is_dir():
+            raise SystemExit(f"error: {out} is a folder: give the .gguf file to write")
         claim_file(out, "OUT", overwrite=args.overwrite, reads=reads)
     else:  # a folder: new, empty, an export (or the user's files) with --overwrite; never a run or the data
         claim(out, "export", "OUT", overwrite=args.overwrite, reads=reads)

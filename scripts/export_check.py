@@ -77,7 +77,7 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 
 @torch.no_grad()
 def check(
-    ckpt: str, tokenizer: Tokenizer, tok_hash: str, out: Path, prompt: str, max_new_tokens: int, held_out: str
+    ckpt: str, tokenizer: Tokenizer, tok_hash: str, target: Path, prompt: str, max_new_tokens: int, held_out: str
 ) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -94,7 +94,7 @@ def check(
             f"error: {len(ids)} prompt tokens + {max_new_tokens} new ones pass {ckpt}'s window of {window}, "
             "where mvGPT slides and transformers does not: ask for fewer tokens"
         )
-    folder = export(model, tokenizer, export_target(out, ckpt, False), checkpoint_path(ckpt), state)
+    folder = export(model, tokenizer, target, checkpoint_path(ckpt), state)
     hf, info = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, output_loading_info=True)
     hf.eval()
     not_loaded = sorted(info["missing_keys"]) + sorted(info["unexpected_keys"])
@@ -162,11 +162,11 @@ def llama_cpp_rope(model, method: str, ctx: int, factor: float) -> dict | None:
 
 
 @torch.no_grad()
-def check_gguf(ckpt: str, tokenizer: Tokenizer, tok_hash: str, out: Path, args: argparse.Namespace, val,
+def check_gguf(ckpt: str, tokenizer: Tokenizer, tok_hash: str, target: Path, args: argparse.Namespace, val,
                held_out: str) -> dict:
-    """Export one checkpoint as GGUF; its greedy story, tokenizer and sweep under llama.cpp beside ours."""
+    """Export one checkpoint as GGUF (to target); its greedy story, tokenizer and sweep under llama.cpp beside ours."""
     model, state = load_model(ckpt, "cpu", tok_hash)
-    path = export_gguf(model, tokenizer, export_target(out, ckpt, True), checkpoint_path(ckpt), state)
+    path = export_gguf(model, tokenizer, target, checkpoint_path(ckpt), state)
     threads = torch.get_num_threads()
     window = model.config.block_size
 
@@ -238,7 +238,7 @@ def main_gguf(args: argparse.Namespace, tokenizer: Tokenizer, tok_hash: str, hel
     models = []
     for ckpt in args.checkpoints:
         print(f"{ckpt}: llama.cpp {llama_cpp.__version__}")
-        models.append(check_gguf(ckpt, tokenizer, tok_hash, Path(args.out), args, val, held_out))
+        models.append(check_gguf(ckpt, tokenizer, tok_hash, args.targets[ckpt], args, val, held_out))
         row = models[-1]
         print(f"  greedy story, {row['new_tokens']} tokens: {'MATCH' if row['match'] else 'DIFFERENT'}; "
               f"{row['held_out_tokens']:,} held-out tokens {'same' if row['held_out_tokens_match'] else 'DIFFERENT'}")
@@ -256,21 +256,26 @@ def main_gguf(args: argparse.Namespace, tokenizer: Tokenizer, tok_hash: str, hel
     return result
 
 
-def export_target(out: Path, ckpt: str, gguf: bool) -> Path:
-    """Where a checkpoint's export goes: OUT/<its run folder's name>, or OUT/<name>.gguf."""
-    name = Path(checkpoint_path(ckpt)).parent.name
-    return out / f"{name}.gguf" if gguf else out / name
+def export_targets(out: Path, ckpts: list[str], gguf: bool) -> dict[str, Path]:
+    """Where each checkpoint's export goes: OUT/<its run folder's name> (or OUT/<name>.gguf); a name
+    that two run folders share gets -2, -3, ... so that no export replaces another."""
+    targets, taken = {}, set()
+    for ckpt in ckpts:
+        name = base = Path(checkpoint_path(ckpt)).parent.name
+        n = 1
+        while name in taken:
+            n += 1
+            name = f"{base}-{n}"
+        taken.add(name)
+        targets[ckpt] = out / f"{name}.gguf" if gguf else out / name
+    return targets
 
 
 def claim_outputs(args: argparse.Namespace) -> None:
-    """Before any work: every export's place is free (or --overwrite), none is an input, and two
-    checkpoints do not share one."""
+    """Before any work: every export's place is free (or --overwrite), and none is an input."""
     reads = {f"checkpoint {c}": checkpoint_path(c) for c in args.checkpoints} | {"--data-dir": args.data_dir}
-    targets = [export_target(Path(args.out), c, args.gguf) for c in args.checkpoints]
-    if len({t.resolve() for t in targets}) < len(targets):
-        raise SystemExit("error: two checkpoints have run folders of the same name, and their exports would share "
-                         f"a place under {args.out}: check them one at a time, each with its own --out")
-    for target in targets:
+    args.targets = export_targets(Path(args.out), args.checkpoints, args.gguf)
+    for target in args.targets.values():
         if args.gguf:
             claim_file(target, "export", overwrite=args.overwrite, reads=reads)
         else:
@@ -312,7 +317,7 @@ def main(argv: list[str] | None = None) -> list[dict] | dict:
         return main_gguf(args, tokenizer, tok_hash, held_out)
     rows = []
     for ckpt in args.checkpoints:
-        row = check(ckpt, tokenizer, tok_hash, Path(args.out), args.prompt, args.max_new_tokens, held_out)
+        row = check(ckpt, tokenizer, tok_hash, args.targets[ckpt], args.prompt, args.max_new_tokens, held_out)
         rows.append(row)
         where = "" if row["match"] else f" (first difference at new token {row['first_difference']})"
         print(f"{row['checkpoint']} -> {row['export']} ({row['architecture']}, step {row['step']})")

@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 from mvgpt.checkpoint import checkpoint_path, read_checkpoint
-from mvgpt.data import SOURCE_ENV, data_tokenizer_hash, read_meta, source_fingerprint
+from mvgpt.data import SOURCE_ENV, data_tokenizer_hash, prepared_for, read_meta, source_fingerprint
 from mvgpt.errors import ArgumentParser, UserError, positive_int, run_main, writable_folder
 from mvgpt.lora import ADAPTER_NAME, read_adapter
 from mvgpt.rope_scaling import SCALING_METHODS
@@ -119,8 +119,7 @@ def prepare_data(step: list[str], env: dict) -> None:
         raise UserError(f"--out {data.parent} holds {found[1]}: give the job a folder of its own")
     source, meta = flag_value(step, "--source") or os.environ.get(SOURCE_ENV), read_meta(data)
     vocab = int(flag_value(step, "--vocab-size") or 8192)  # prepare.py's default
-    if meta is not None and source and (meta.get("source_hash"), meta.get("vocab_size")) != (
-            source_fingerprint(Path(source)), vocab):
+    if meta is not None and source and not prepared_for(meta, source_fingerprint(Path(source)), vocab):
         ckpts = data.parent / "checkpoints"
         trained = sorted(d.name for d in ckpts.glob("*") if run_file(d).exists()) if ckpts.is_dir() else []
         if trained:
