@@ -7,6 +7,10 @@ as a learned-position model, and the patch is logged. A config is checked before
 given to it: sane values, and a size this machine can hold (a crafted file must not make us
 allocate half a terabyte). A full disk or a folder we may not write is one
 line, and the previous checkpoint stays as it was.
+
+A checkpoint is a zip archive with a checksum (CRC-32) per record: they are checked before it is
+read, so a flipped bit on disk is reported as damage, not loaded as weights. It is always read into
+CPU memory first and moved afterwards, so a device this machine lacks is never blamed on the file.
 """
 
 from __future__ import annotations
@@ -86,16 +90,46 @@ def read_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     return state
 
 
-def load_state(file: Path, map_location: str | torch.device, what: str, fix: str) -> object:
-    """torch.load with weights_only=True (tensors and plain values: no pickled code runs); a damaged
-    file is one line naming `what` it is and the `fix`."""
+def archive_damage(file: Path) -> str | None:
+    """What is wrong with a checkpoint's zip archive (a record whose checksum fails), or None when
+    every record is sound or the file is no zip at all (torch.load then says what it is)."""
     try:
-        return torch.load(file, map_location=map_location, weights_only=True)
+        with zipfile.ZipFile(file) as archive:
+            bad = archive.testzip()  # reads every record, checks its CRC-32
+    except zipfile.BadZipFile as e:
+        return None if "not a zip file" in str(e).lower() else str(e)
+    except (OSError, EOFError, ValueError, RuntimeError) as e:  # zlib's or the reader's complaint
+        return str(e) or type(e).__name__
+    return None if bad is None else f"the checksum of its record {bad} fails"
+
+
+def load_state(file: Path, map_location: str | torch.device, what: str, fix: str) -> object:
+    """torch.load with weights_only=True (tensors and plain values: no pickled code runs), into CPU
+    memory, then moved to map_location; a damaged file is one line naming `what` it is and the `fix`."""
+    damage = archive_damage(file)
+    if damage is not None:
+        raise CheckpointError(f"{what} {file} is damaged on disk ({damage[:120]}): {fix}")
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True)
     except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         if first.startswith("Weights only load failed"):  # torch's advice to unpickle anyway: not for us
             first = "not tensors and plain values only"
         raise CheckpointError(f"{what} {file} is truncated or corrupt ({first[:120]}): {fix}") from None
+    if torch.device(map_location).type != "cpu":
+        state = _to_device(state, torch.device(map_location))
+    return state
+
+
+def _to_device(value: object, device: torch.device) -> object:
+    """The tensors of a loaded state moved to device (dicts and lists walked), the rest as it is."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, dict):
+        return {k: _to_device(v, device) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_device(v, device) for v in value)
+    return value
 
 
 def config_from_dict(saved: dict) -> GPTConfig:
@@ -163,7 +197,7 @@ def load_model(
 
     With tokenizer_hash (the one in data/), a checkpoint trained with another tokenizer is refused.
     """
-    state = read_checkpoint(path, map_location=device)
+    state = read_checkpoint(path)  # into CPU memory; the model goes to device once built
     saved = state.get("tokenizer_hash")
     if tokenizer_hash is not None and saved is not None and saved != tokenizer_hash:
         raise CheckpointError(

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from tqdm import tqdm
 
-from mvgpt.errors import UserError
+from mvgpt.errors import DISK_FULL, UserError
 from mvgpt.io import atomic_path, pid_alive, write_text_atomic
 from mvgpt.tokenizer import EOT, Tokenizer, file_hash, train_tokenizer
 
@@ -230,16 +230,25 @@ def move_in(staging: Path, data_dir: Path) -> None:
     shutil.rmtree(staging, ignore_errors=True)
 
 
+def prepared_for(meta: dict | None, fingerprint: str, vocab_size: int) -> bool:
+    """Was this preparation made from these inputs (the source's bytes, the vocabulary asked for)?"""
+    return meta is not None and (meta.get("source_hash"), meta.get("vocab_asked", meta.get("vocab_size"))) == (
+        fingerprint, vocab_size)
+
+
 def prepare(
     source: str | os.PathLike,
     data_dir: str | os.PathLike = DATA_DIR,
     vocab_size: int = 8192,
     force: bool = False,
+    replace: bool = True,
 ) -> dict:
     """Train the tokenizer and write the bins and meta.json; skip if done for the same inputs.
 
     Everything is made in a staging folder and moved in only when complete: until then the data
     already in data_dir stays as it was, whatever happens (a bad source, Ctrl-C, kill -9).
+    replace=False (prepare.py without --force): data made from other inputs is refused, not replaced,
+    since every checkpoint trained on it needs its tokenizer.
     """
     data_dir, source = Path(data_dir), Path(source)
     if not MIN_VOCAB <= vocab_size <= MAX_VOCAB:
@@ -248,15 +257,16 @@ def prepare(
         recover(data_dir)
     fingerprint = source_fingerprint(source)
     meta = read_meta(data_dir)
-    if (
-        not force
-        and meta is not None
-        and meta.get("source_hash") == fingerprint
-        and meta.get("vocab_size") == vocab_size
-    ):
+    if not force and prepared_for(meta, fingerprint, vocab_size):
         meta["skipped"] = True
         return meta
-    train, valid, split = read_source(source)
+    train, valid, split = read_source(source)  # a bad source is said first: it is what to fix
+    if meta is not None and not replace and not force:
+        raise DataError(
+            f"{data_dir} holds data prepared from {meta.get('source')} (vocabulary {meta.get('vocab_size')}, "
+            f"tokenizer {meta.get('tokenizer_hash')}), which the runs trained on it need: prepare into another "
+            "--data-dir, or pass --force to replace it"
+        )
     staging = data_dir / f"{STAGING}{os.getpid()}"
     staging.mkdir(parents=True, exist_ok=True)
     try:
@@ -264,6 +274,7 @@ def prepare(
         tokenizer.save(staging / "tokenizer.json")
         meta = {
             "vocab_size": tokenizer.vocab_size,
+            "vocab_asked": vocab_size,  # a small text may give fewer tokens than asked: the same inputs all the same
             "tokenizer_hash": tokenizer.hash,
             "source": str(source),
             "source_hash": fingerprint,
@@ -276,8 +287,11 @@ def prepare(
         meta["train_tokens"] = write_tokens(staging / "train.bin", tokenizer, train, "train.bin")
         meta["val_tokens"] = write_tokens(staging / "val.bin", tokenizer, valid, "val.bin")
         write_text_atomic(staging / "meta.json", json.dumps(meta, indent=2))
-    except BaseException:  # Ctrl-C or a full disk included: leave nothing half-made behind
+    except BaseException as e:  # Ctrl-C or a full disk included: leave nothing half-made behind
         shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(e, OSError) and e.errno in DISK_FULL:
+            raise DataError(f"the disk is full: {data_dir} was not prepared (the data there before, if any, is as "
+                            "it was): free some space and run again") from None
         raise
     move_in(staging, data_dir)
     return meta
@@ -288,14 +302,25 @@ def prepare(
 
 
 def load_tokens(data_dir: str | os.PathLike = DATA_DIR, split: str = "train") -> np.ndarray:
-    """The uint16 tokens of a split, memory-mapped."""
+    """The uint16 tokens of a split, memory-mapped, checked once against the vocabulary: a damaged
+    file (a flipped bit) is one line naming the first bad id and its place, not an IndexError at the
+    same step of every run."""
     data_dir = Path(data_dir)
-    if read_meta(data_dir) is None:
+    meta = read_meta(data_dir)
+    if meta is None:
         raise DataError(
             f"no complete prepared data in {data_dir}: run `python scripts/prepare.py "
             "--source PATH` (or set MVGPT_TINYSTORIES)"
         )
-    return np.memmap(data_dir / f"{split}.bin", dtype=np.uint16, mode="r")
+    path = data_dir / f"{split}.bin"
+    tokens = np.memmap(path, dtype=np.uint16, mode="r")
+    vocab = meta["vocab_size"]
+    if len(tokens) and int(tokens.max()) >= vocab:  # one pass over the file: a fraction of a second
+        at = int(np.argmax(tokens >= vocab))
+        raise DataError(f"{path} is damaged: token {at:,} is id {int(tokens[at])}, outside the vocabulary of "
+                        f"{vocab}: prepare the data again (python scripts/prepare.py --source PATH "
+                        f"--data-dir {data_dir} --force)")
+    return tokens
 
 
 def prepared_data(text: str) -> str:

@@ -64,6 +64,7 @@ non_negative_int = at_least(0)
 positive_float = number(float, lambda v: v > 0, "a number above 0")
 non_negative_float = number(float, lambda v: v >= 0, "a number >= 0")
 share = number(float, lambda v: 0 <= v <= 1, "a number from 0 to 1")
+seed = number(int, lambda v: 0 <= v < 2**63, "a whole number from 0 to 2**63 - 1")  # what torch's generators take
 
 
 def positive_ints(text: str) -> list[int]:
@@ -85,9 +86,15 @@ def _probe(text: str, folder: Path) -> None:
 
 
 def writable_file(text: str) -> str:
-    """An output file we will be able to write, checked now rather than after the work."""
+    """An output file we will be able to write, checked now rather than after the work; never one of
+    a run's, an export's or the data's own files (a --json over data/meta.json would damage it)."""
+    from mvgpt.runfolder import part_of  # (runfolder imports this module)
+
     if Path(text).is_dir():
         raise argparse.ArgumentTypeError(f"{text} is a folder: give a file name")
+    owner = part_of(text)
+    if owner is not None:
+        raise argparse.ArgumentTypeError(f"{text} is part of {owner}: pick another file")
     _probe(text, Path(text).absolute().parent)
     return text
 

@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from mvgpt.errors import DISK_FULL
 from mvgpt.io import atomic_path, write_text_atomic
 from mvgpt.model import GPT, GPTConfig
 from mvgpt.rope_scaling import RopeScaling
@@ -343,7 +345,7 @@ def readme(checkpoint: str | os.PathLike, model: GPT, state: dict, config: dict[
         fine_tuned = f", positions divided by {c.rope_linear_factor:g}" if c.rope_linear_factor != 1 else ""
         lines.append(f"- Rotary: theta {c.rope_theta:g}{fine_tuned}; "
                      f"transformers rope parameters: `{json.dumps(config['rope_parameters'])}`")
-    if "val_loss" in state:
+    if state.get("val_loss") is not None:  # a checkpoint saved before its first evaluation has none
         lines.append(f"- Held-out loss at export (from the checkpoint): {state['val_loss']:.4f}")
     lines += [
         "",
@@ -366,8 +368,11 @@ def export(
     checkpoint: str | os.PathLike = "(in memory)",
     state: dict | None = None,
 ) -> Path:
-    """Write config.json, generation_config.json, model.safetensors, the tokenizer and README.md."""
-    from safetensors.torch import save_file
+    """Write config.json, generation_config.json, model.safetensors, the tokenizer and README.md.
+
+    All of them are made in a staging folder inside outdir and moved in only when complete, so a
+    full disk or a stop leaves what outdir held as it was, not half an export (nor a mix of two)."""
+    from safetensors.torch import save
 
     if tokenizer.vocab_size != model.config.vocab_size:
         raise ExportError(
@@ -378,13 +383,31 @@ def export(
     if outdir.exists() and not outdir.is_dir():
         raise ExportError(f"{outdir} is a file: give a folder to export into")
     config = hf_config(model, tokenizer.eot)  # first: it refuses what cannot be exported
+    made = not outdir.exists()
     outdir.mkdir(parents=True, exist_ok=True)
-    with atomic_path(outdir / "model.safetensors") as tmp:
-        save_file(hf_state_dict(model), str(tmp), metadata={"format": "pt"})
-    write_text_atomic(outdir / "config.json", json.dumps(config, indent=2) + "\n")
-    generation = {"bos_token_id": tokenizer.eot, "eos_token_id": tokenizer.eot, "pad_token_id": tokenizer.eot}
-    write_text_atomic(outdir / "generation_config.json", json.dumps(generation, indent=2) + "\n")
-    save_tokenizer(tokenizer, outdir, config.get("n_positions", config.get("max_position_embeddings")))
-    write_text_atomic(outdir / "README.md", readme(checkpoint, model, state or {}, config, outdir))
+    staging = outdir / f".export.tmp{os.getpid()}"
+    try:
+        staging.mkdir(exist_ok=True)
+        # safetensors' bytes written by us: a full disk is then an OSError (ENOSPC), told in one line
+        (staging / "model.safetensors").write_bytes(save(hf_state_dict(model), metadata={"format": "pt"}))
+        (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        generation = {"bos_token_id": tokenizer.eot, "eos_token_id": tokenizer.eot, "pad_token_id": tokenizer.eot}
+        (staging / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+        save_tokenizer(tokenizer, staging, config.get("n_positions", config.get("max_position_embeddings")))
+        (staging / "README.md").write_text(readme(checkpoint, model, state or {}, config, outdir))
+        for f in staging.iterdir():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+        for f in sorted(staging.iterdir()):
+            os.replace(f, outdir / f.name)
+    except OSError as e:
+        if e.errno in DISK_FULL:
+            raise ExportError(f"the disk is full: the export to {outdir} was not written (what it held before is "
+                              "kept): free some space and run again") from None
+        raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+        if made and not any(outdir.iterdir()):
+            outdir.rmdir()
     return outdir
 

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from mvgpt.errors import DISK_FULL
 from mvgpt.export import LAYER_NORM_EPS, ExportError, bpe_vocab_and_merges
 from mvgpt.io import atomic_path
 from mvgpt.model import GPT, GPTConfig
@@ -173,46 +174,52 @@ def export_gguf(
     tensors = gguf_tensors(model, f16)
     tokens, types, merges = gguf_vocab(tokenizer)
 
-    with atomic_path(path) as tmp:
-        w = gguf.GGUFWriter(str(tmp), arch)
-        name = Path(checkpoint).parent.name if Path(checkpoint).suffix == ".pt" else Path(checkpoint).name
-        w.add_name(f"mvGPT {name}")
-        w.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if f16 else gguf.LlamaFileType.ALL_F32)
-        w.add_context_length(c.block_size)  # the training context (llama.cpp's n_ctx_train)
-        w.add_embedding_length(c.n_embd)
-        w.add_block_count(c.n_layer)
-        w.add_feed_forward_length(4 * c.n_embd)
-        w.add_head_count(c.n_head)
-        w.add_layer_norm_eps(LAYER_NORM_EPS)
-        if c.rope:
-            w.add_rope_dimension_count(c.head_size)  # rotary over the whole head
-            w.add_parallel_residual(False)
-            w.add_rope_freq_base(rope["freq_base"])
-            w.add_rope_scaling_type(gguf.RopeScalingType(rope["type"]))
-            if rope["factor"] is not None:
-                w.add_rope_scaling_factor(rope["factor"])
-            if rope["original_context"] is not None:
-                w.add_rope_scaling_orig_ctx_len(rope["original_context"])
-                w.add_rope_scaling_yarn_beta_fast(float(scaling.beta_fast))
-                w.add_rope_scaling_yarn_beta_slow(float(scaling.beta_slow))
-        if state and "step" in state:
-            w.add_string("mvgpt.step", str(state["step"]))
-        w.add_string("mvgpt.tokenizer_hash", tokenizer.hash)
-        w.add_tokenizer_model("gpt2")  # byte-level BPE with merges
-        w.add_tokenizer_pre(PRE_TOKENIZER)
-        w.add_token_list(tokens)
-        w.add_token_types(types)
-        w.add_token_merges(merges)
-        w.add_bos_token_id(tokenizer.eot)  # a story starts after <|endoftext|> ...
-        w.add_eos_token_id(tokenizer.eot)  # ... and ends with it
-        w.add_add_bos_token(False)  # we never put one in front of a text: neither may llama.cpp
-        w.add_add_eos_token(False)
-        for tname, array in tensors.items():
-            w.add_tensor(tname, array)
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-        w.close()
+    try:  # a full disk: one line, and the file there before (if any) kept, as atomic_path leaves it
+        with atomic_path(path) as tmp:
+            w = gguf.GGUFWriter(str(tmp), arch)
+            name = Path(checkpoint).parent.name if Path(checkpoint).suffix == ".pt" else Path(checkpoint).name
+            w.add_name(f"mvGPT {name}")
+            w.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if f16 else gguf.LlamaFileType.ALL_F32)
+            w.add_context_length(c.block_size)  # the training context (llama.cpp's n_ctx_train)
+            w.add_embedding_length(c.n_embd)
+            w.add_block_count(c.n_layer)
+            w.add_feed_forward_length(4 * c.n_embd)
+            w.add_head_count(c.n_head)
+            w.add_layer_norm_eps(LAYER_NORM_EPS)
+            if c.rope:
+                w.add_rope_dimension_count(c.head_size)  # rotary over the whole head
+                w.add_parallel_residual(False)
+                w.add_rope_freq_base(rope["freq_base"])
+                w.add_rope_scaling_type(gguf.RopeScalingType(rope["type"]))
+                if rope["factor"] is not None:
+                    w.add_rope_scaling_factor(rope["factor"])
+                if rope["original_context"] is not None:
+                    w.add_rope_scaling_orig_ctx_len(rope["original_context"])
+                    w.add_rope_scaling_yarn_beta_fast(float(scaling.beta_fast))
+                    w.add_rope_scaling_yarn_beta_slow(float(scaling.beta_slow))
+            if state and "step" in state:
+                w.add_string("mvgpt.step", str(state["step"]))
+            w.add_string("mvgpt.tokenizer_hash", tokenizer.hash)
+            w.add_tokenizer_model("gpt2")  # byte-level BPE with merges
+            w.add_tokenizer_pre(PRE_TOKENIZER)
+            w.add_token_list(tokens)
+            w.add_token_types(types)
+            w.add_token_merges(merges)
+            w.add_bos_token_id(tokenizer.eot)  # a story starts after <|endoftext|> ...
+            w.add_eos_token_id(tokenizer.eot)  # ... and ends with it
+            w.add_add_bos_token(False)  # we never put one in front of a text: neither may llama.cpp
+            w.add_add_eos_token(False)
+            for tname, array in tensors.items():
+                w.add_tensor(tname, array)
+            w.write_header_to_file()
+            w.write_kv_data_to_file()
+            w.write_tensors_to_file()
+            w.close()
+    except OSError as e:  # numpy's short write says "N requested and M written", with no errno
+        if e.errno in DISK_FULL or (e.errno is None and "written" in str(e)):
+            raise ExportError(f"the disk is full: {path} not written (the file there before, if any, is "
+                              "kept): free some space and run again") from None
+        raise
     return path
 
 

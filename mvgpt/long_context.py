@@ -9,6 +9,8 @@ cache through another, `GPT.new_cache`. Everything here enters through those two
   turned back, and `position` goes back with them, so no distance exceeds what the cache holds).
 - `DynamicNTKCache`: dynamic NTK's angles change as the story grows, so a key turned yesterday is
   wrong today; this cache turns every held key on to today's angles before each forward.
+A SinkCache given the model's angles does the same under dynamic NTK (`turn_on`), shifted or not,
+so sinks and dynamic NTK together are exact too (in one block, as DynamicNTKCache is).
 """
 
 from __future__ import annotations
@@ -55,9 +57,27 @@ class DynamicNTKTable(ScaledTable):
     """Dynamic NTK: the base depends on the length read so far, start + T, so no table is kept:
     each call computes the angles of its span at that length."""
 
+    depends_on_length = True  # a cache holding keys must turn them on as the story grows (turn_on)
+
     def forward(self, start: int, T: int) -> Angles:
-        c, scaling = self.config, self.scaling.at_length(start + T)
+        return self.at(start, T, start + T)
+
+    def at(self, start: int, T: int, length: int) -> Angles:
+        """The angles of positions start..start+T-1 under the base of a story `length` tokens long."""
+        c, scaling = self.config, self.scaling.at_length(length)
         return scaled_rotary(start, T, c.head_size, self.cos.device, c.rope_theta, c.rope_linear_factor, scaling)
+
+
+def turn_on(cache: KVCache, table: DynamicNTKTable, spans: list[tuple[int, int, int]], T: int) -> None:
+    """Before a forward of T tokens: turn the held keys, given as spans (first position, count,
+    first row held), from the angles at the length read so far (cache.position) on to those at
+    position + T, the ones the new queries and keys get, so every score is taken under one base."""
+    length = cache.position
+    for start, count, row in spans:
+        if count > 0:  # every block's keys at once: (n_layer, B, H, count, head)
+            turn = rotation_between(table.at(start, count, length), table.at(start, count, length + T))
+            rows = slice(cache.offset + row, cache.offset + row + count)
+            cache.k[:, :, :, rows] = rotate(cache.k[:, :, :, rows], *turn)
 
 
 def set_context(model: GPT, ctx: int | None = None, method: str = "none", factor: float | None = None) -> None:
@@ -96,17 +116,31 @@ class SinkCache(KVCache):
     """A sliding cache that keeps its first `sinks` tokens as it slides (attention sinks).
 
     angles: the model's `GPT.angles`. Without it the sinks and the newest tokens keep their
-    positions, so distances grow past anything seen in training. With it, the keys that move are
-    re-rotated to contiguous positions after the sinks (R(a)R(b) = R(a+b), as llama.cpp's context
-    shift does), and `position`, the next token's rotary position, goes back by as many.
+    positions, so distances grow past anything seen in training. With it (and shift, its default),
+    the keys that move are re-rotated to contiguous positions after the sinks (R(a)R(b) = R(a+b), as
+    llama.cpp's context shift does), and `position`, the next token's rotary position, goes back by
+    as many. Angles that change with the length (dynamic NTK) need them given, shifted or not: the
+    held keys are then turned on before each forward, as DynamicNTKCache does.
     """
 
     def __init__(self, config: GPTConfig, batch_size: int = 1, capacity: int | None = None,
                  device: torch.device | str | None = None, dtype: torch.dtype = torch.float32, *,
-                 sinks: int, angles: AngleFn | None = None) -> None:
+                 sinks: int, angles: AngleFn | None = None, shift: bool | None = None) -> None:
         super().__init__(config, batch_size, capacity, device, dtype)
         self.sinks, self.angles = sinks, angles
-        self.shift = 0  # how far positions went back (with angles)
+        self.shifting = angles is not None if shift is None else shift
+        if self.shifting and angles is None:
+            raise ValueError("a SinkCache that shifts needs the model's angles: SinkCache(..., angles=model.angles)")
+        self.shift = 0  # how far positions went back (shifting)
+        self.start: int | None = None  # the first sink's position
+
+    def reserve(self, T: int) -> None:
+        super().reserve(T)
+        if self.start is None:
+            self.start = self.position
+        if self.length and getattr(self.angles, "depends_on_length", False):  # dynamic NTK: the held keys move on
+            s = min(self.sinks, self.length)  # the sinks, then the newest tokens, each at contiguous positions
+            turn_on(self, self.angles, [(self.start, s, 0), (self.position - (self.length - s), self.length - s, s)], T)
 
     def slide(self, keep: int) -> None:
         sinks = self.sinks
@@ -121,12 +155,17 @@ class SinkCache(KVCache):
             dst = slice(self.offset + sinks, self.offset + keep)
             self.k[:, :, :, dst] = self.k[:, :, :, src].clone()
             self.v[:, :, :, dst] = self.v[:, :, :, src].clone()
-        if self.angles is not None:  # turn the moved keys back by `drop` positions
+        if self.shifting:  # turn the moved keys back by `drop` positions
             moved = keep - sinks
             old_start = self.position - moved
             turn = rotation_between(self.angles(old_start, moved), self.angles(old_start - drop, moved))
             rows = slice(self.offset + sinks, self.offset + keep)
             self.k[:, :, :, rows] = rotate(self.k[:, :, :, rows], *turn)
+            if getattr(self.angles, "depends_on_length", False) and sinks:  # the story is shorter now: so is
+                turn = rotation_between(self.angles.at(self.start, sinks, self.position),  # the sinks' base
+                                        self.angles.at(self.start, sinks, self.position - drop))
+                rows = slice(self.offset, self.offset + sinks)
+                self.k[:, :, :, rows] = rotate(self.k[:, :, :, rows], *turn)
             self.position -= drop
             self.shift += drop
         self.length = keep
@@ -149,10 +188,4 @@ class DynamicNTKCache(KVCache):
 
     def reserve(self, T: int) -> None:
         super().reserve(T)
-        held = self.length
-        if held:  # every block's held keys at once: (n_layer, B, H, held, head)
-            start = self.position - held
-            cos, sin = self.angles(start, held + T)
-            turn = rotation_between(self.angles(start, held), (cos[:held], sin[:held]))
-            rows = slice(self.offset, self.offset + held)
-            self.k[:, :, :, rows] = rotate(self.k[:, :, :, rows], *turn)
+        turn_on(self, self.angles, [(self.position - self.length, self.length, 0)], T)

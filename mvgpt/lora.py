@@ -182,7 +182,34 @@ def read_adapter(path: str | os.PathLike, map_location: str | torch.device = "cp
     state = load_state(file, map_location, "adapter", "fine-tune again")
     if not isinstance(state, dict) or not {"lora", "rank", "alpha", "base_config"} <= state.keys():
         raise CheckpointError(f"{file} is not an mvGPT LoRA adapter (no lora weights, rank or base config in it)")
+    check_fields(state, file)
     return state
+
+
+def check_fields(state: dict, file: Path) -> None:
+    """An adapter's rank, alpha and weights must be ones an adapter can have, before anything is
+    allocated from them: a crafted rank of 10**12 must not ask for terabytes, nor alpha NaN poison
+    every output."""
+    rank, alpha, weights = state["rank"], state["alpha"], state["lora"]
+
+    def crafted(what: str) -> CheckpointError:
+        return CheckpointError(f"adapter {file} has {what}, which no adapter can have: the file is corrupt or "
+                               "crafted; fine-tune again")
+
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
+        raise crafted(f"rank {rank!r}")
+    if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not (0 < alpha < math.inf):
+        raise crafted(f"alpha {alpha!r}")
+    if not isinstance(weights, dict) or not weights or not all(isinstance(t, torch.Tensor) for t in weights.values()):
+        raise crafted("no weights as tensors")
+    for name, t in weights.items():
+        if t.dim() != 2:
+            raise crafted(f"{name} of shape {tuple(t.shape)}")
+        held = t.shape[0] if name.endswith(".A") else t.shape[1]  # A (r, in), B (out, r)
+        if held != rank:
+            raise crafted(f"rank {rank} (its weights have rank {held})")
+        if not torch.isfinite(t).all():
+            raise crafted(f"{name} not finite")
 
 
 def check_base(state: dict, model: GPT, file: str | os.PathLike, tokenizer_hash: str | None = None,

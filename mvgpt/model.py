@@ -371,9 +371,11 @@ def sample(
     logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None, generator=None
 ) -> torch.Tensor:
     """logits (B, vocab) -> next token (B, 1): greedy at temperature 0, else top-k sampling."""
-    if temperature == 0:
+    if temperature < torch.finfo(torch.float32).tiny:  # 0, or too small to divide by in float32: greedy
         return logits.argmax(dim=-1, keepdim=True)
-    logits = logits.float() / temperature
+    logits = logits.float()
+    # the largest first made 0: over a tiny temperature the others go to -inf, never inf - inf = nan
+    logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
     if top_k is not None:
         kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, [-1]]
         logits = logits.masked_fill(logits < kth, float("-inf"))

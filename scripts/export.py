@@ -19,6 +19,9 @@ Examples:
     python scripts/export.py checkpoints/pretrain-rope exports/rope-512.gguf --format gguf \\
         --rope-scaling linear --ctx 512
     python scripts/export.py /tmp/tiny /tmp/tiny.gguf --format gguf --data-dir /tmp/tinydata   # tiny, GGUF
+
+OUT must be new or empty; --overwrite replaces an export, or files of the user's, there. It never
+means what is read: the checkpoint, its run folder, the data (a run or the data is never written).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from mvgpt.errors import ArgumentParser, positive_float, positive_int, run_main
 from mvgpt.export import export
 from mvgpt.gguf import export_gguf
 from mvgpt.rope_scaling import SCALING_METHODS, RopeScaling
+from mvgpt.runfolder import claim, claim_file
 from mvgpt.tokenizer import Tokenizer
 
 
@@ -53,8 +57,13 @@ def main(argv: list[str] | None = None) -> Path:
     p.add_argument("--overwrite", action="store_true", help="replace what OUTDIR holds (default: refuse if not empty)")
     args = p.parse_args(argv)
     out = Path(args.outdir)
-    if not args.overwrite and (out.is_file() or (out.is_dir() and any(out.iterdir()))):
-        p.error(f"{out} is not empty: pick a new folder or file, or pass --overwrite to replace what is there")
+    reads = {"the checkpoint": checkpoint_path(args.checkpoint), "--data-dir": args.data_dir}
+    if args.format == "gguf":  # one file: never the checkpoint itself, nor a file of a run or the data
+        if out.is_dir():
+            raise SystemExit(f"error: {out} is a folder: give the .gguf file to write")
+        claim_file(out, "OUT", overwrite=args.overwrite, reads=reads)
+    else:  # a folder: new, empty, an export (or the user's files) with --overwrite; never a run or the data
+        claim(out, "export", "OUT", overwrite=args.overwrite, reads=reads)
     if args.rope_scaling is None and (args.ctx is not None or args.rope_factor is not None):
         raise SystemExit("error: --ctx and --rope-factor need --rope-scaling (linear, dynamic-ntk or yarn)")
     if args.f16 and args.format != "gguf":

@@ -20,6 +20,9 @@ Examples:
     python scripts/export_check.py /tmp/tiny --data-dir /tmp/tinydata --out /tmp/exports --max-new-tokens 10  # tiny
     python scripts/export_check.py /tmp/tiny --data-dir /tmp/tinydata --out /tmp/exports --max-new-tokens 10 \\
         --gguf --ctx 32 64 --sweep-tokens 512                                            # tiny, llama.cpp
+
+Each export goes to OUT/<run folder name> (OUT/<name>.gguf): a place that holds something already
+(an earlier export, files of the user's) is refused unless --overwrite, as export.py does.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ from mvgpt.gguf import (
 from mvgpt.io import write_json
 from mvgpt.long_context import set_context
 from mvgpt.rope_scaling import RopeScaling
+from mvgpt.runfolder import claim, claim_file
 from mvgpt.tokenizer import Tokenizer
 
 
@@ -73,7 +77,7 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 
 @torch.no_grad()
 def check(
-    ckpt: str, tokenizer: Tokenizer, tok_hash: str, out: Path, prompt: str, max_new_tokens: int, held_out: str
+    ckpt: str, tokenizer: Tokenizer, tok_hash: str, target: Path, prompt: str, max_new_tokens: int, held_out: str
 ) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -90,7 +94,7 @@ def check(
             f"error: {len(ids)} prompt tokens + {max_new_tokens} new ones pass {ckpt}'s window of {window}, "
             "where mvGPT slides and transformers does not: ask for fewer tokens"
         )
-    folder = export(model, tokenizer, out / Path(checkpoint_path(ckpt)).parent.name, checkpoint_path(ckpt), state)
+    folder = export(model, tokenizer, target, checkpoint_path(ckpt), state)
     hf, info = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, output_loading_info=True)
     hf.eval()
     not_loaded = sorted(info["missing_keys"]) + sorted(info["unexpected_keys"])
@@ -158,12 +162,11 @@ def llama_cpp_rope(model, method: str, ctx: int, factor: float) -> dict | None:
 
 
 @torch.no_grad()
-def check_gguf(ckpt: str, tokenizer: Tokenizer, tok_hash: str, out: Path, args: argparse.Namespace, val,
+def check_gguf(ckpt: str, tokenizer: Tokenizer, tok_hash: str, target: Path, args: argparse.Namespace, val,
                held_out: str) -> dict:
-    """Export one checkpoint as GGUF; its greedy story, tokenizer and sweep under llama.cpp beside ours."""
+    """Export one checkpoint as GGUF (to target); its greedy story, tokenizer and sweep under llama.cpp beside ours."""
     model, state = load_model(ckpt, "cpu", tok_hash)
-    name = Path(checkpoint_path(ckpt)).parent.name
-    path = export_gguf(model, tokenizer, out / f"{name}.gguf", checkpoint_path(ckpt), state)
+    path = export_gguf(model, tokenizer, target, checkpoint_path(ckpt), state)
     threads = torch.get_num_threads()
     window = model.config.block_size
 
@@ -235,7 +238,7 @@ def main_gguf(args: argparse.Namespace, tokenizer: Tokenizer, tok_hash: str, hel
     models = []
     for ckpt in args.checkpoints:
         print(f"{ckpt}: llama.cpp {llama_cpp.__version__}")
-        models.append(check_gguf(ckpt, tokenizer, tok_hash, Path(args.out), args, val, held_out))
+        models.append(check_gguf(ckpt, tokenizer, tok_hash, args.targets[ckpt], args, val, held_out))
         row = models[-1]
         print(f"  greedy story, {row['new_tokens']} tokens: {'MATCH' if row['match'] else 'DIFFERENT'}; "
               f"{row['held_out_tokens']:,} held-out tokens {'same' if row['held_out_tokens_match'] else 'DIFFERENT'}")
@@ -253,6 +256,34 @@ def main_gguf(args: argparse.Namespace, tokenizer: Tokenizer, tok_hash: str, hel
     return result
 
 
+def export_targets(out: Path, ckpts: list[str], gguf: bool) -> dict[str, Path]:
+    """Where each checkpoint's export goes: OUT/<its run folder's name> (or OUT/<name>.gguf); a name
+    that two run folders share gets -2, -3, ... so that no export replaces another."""
+    targets, taken = {}, set()
+    for ckpt in ckpts:
+        name = base = Path(checkpoint_path(ckpt)).parent.name
+        n = 1
+        while name in taken:
+            n += 1
+            name = f"{base}-{n}"
+        taken.add(name)
+        targets[ckpt] = out / f"{name}.gguf" if gguf else out / name
+    return targets
+
+
+def claim_outputs(args: argparse.Namespace) -> None:
+    """Before any work: every export's place is free (or --overwrite), and none is an input."""
+    reads = {f"checkpoint {c}": checkpoint_path(c) for c in args.checkpoints} | {"--data-dir": args.data_dir}
+    args.targets = export_targets(Path(args.out), args.checkpoints, args.gguf)
+    for target in args.targets.values():
+        if args.gguf:
+            claim_file(target, "export", overwrite=args.overwrite, reads=reads)
+        else:
+            claim(target, "export", "export", overwrite=args.overwrite, reads=reads)
+    if args.json:
+        claim_file(args.json, "--json", reads=reads)
+
+
 def main(argv: list[str] | None = None) -> list[dict] | dict:
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoints", nargs="*", type=checkpoint_arg,
@@ -267,6 +298,7 @@ def main(argv: list[str] | None = None) -> list[dict] | dict:
                    help="held-out tokens decoded to text and re-encoded by both tokenizers")
     p.add_argument("--json", type=writable_file, help="also write the results here")
     p.add_argument("--gguf", action="store_true", help="check llama.cpp on GGUF exports instead of transformers")
+    p.add_argument("--overwrite", action="store_true", help="replace exports (or files) already at OUT/<name>")
     p.add_argument("--ctx", type=at_least(2), nargs="+", default=[256, 512], help="--gguf: the sweep's contexts")
     p.add_argument("--rope-scaling", nargs="+", default=list(LLAMA_CPP_METHODS), choices=LLAMA_CPP_METHODS,
                    help="--gguf: the sweep's methods (those llama.cpp has)")
@@ -276,6 +308,7 @@ def main(argv: list[str] | None = None) -> list[dict] | dict:
                    help="--gguf: held-out tokens read per sweep cell")
     args = p.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything is local: never reach for the Hub
+    claim_outputs(args)
 
     tokenizer = Tokenizer.load(Path(args.data_dir) / "tokenizer.json")
     tok_hash = data_tokenizer_hash(args.data_dir) or tokenizer.hash
@@ -284,7 +317,7 @@ def main(argv: list[str] | None = None) -> list[dict] | dict:
         return main_gguf(args, tokenizer, tok_hash, held_out)
     rows = []
     for ckpt in args.checkpoints:
-        row = check(ckpt, tokenizer, tok_hash, Path(args.out), args.prompt, args.max_new_tokens, held_out)
+        row = check(ckpt, tokenizer, tok_hash, args.targets[ckpt], args.prompt, args.max_new_tokens, held_out)
         rows.append(row)
         where = "" if row["match"] else f" (first difference at new token {row['first_difference']})"
         print(f"{row['checkpoint']} -> {row['export']} ({row['architecture']}, step {row['step']})")

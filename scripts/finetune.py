@@ -18,13 +18,19 @@ Examples:
         --prompt $'Words: kite, windy, string\\nFeatures: Dialogue\\nStory:\\n'
     python scripts/finetune.py --init-from /tmp/tiny --data-dir /tmp/tinydata --out-dir /tmp/tiny-lora \\
         --max-steps 10 --batch-size 4 --prompts 4 --gen-tokens 20 --device cpu     # a tiny CPU run, seconds
+
+The run folder holds one fine-tune: a folder with an adapter in it needs --resume (continue it) or
+--overwrite (start again); one holding anything else (the base's run, data, an export) is refused,
+and so is --merge OUT where OUT is the base's folder. A resume keeps the adapter's rank and alpha
+and its base; the schedule, time, evaluation and measuring flags may change. An adapter is saved
+only from sane weights (mvgpt/runfolder.py's LossWatch): a fine-tune whose loss runs away stops,
+and the adapter saved before stays as it was.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-import json
 import math
 import signal
 import time
@@ -37,7 +43,7 @@ from mvgpt.bench import machine
 from mvgpt.checkpoint import checkpoint_path, load_model, save_checkpoint
 from mvgpt.data import DATA_DIR, data_tokenizer_hash
 from mvgpt.device import pick_device
-from mvgpt.errors import ArgumentParser, non_negative_float, non_negative_int, run_main, writable_file, writable_folder
+from mvgpt.errors import ArgumentParser, UserError, non_negative_float, run_main, seed, writable_file, writable_folder
 from mvgpt.instruct import (
     IGNORE,
     example_rows,
@@ -64,6 +70,7 @@ from mvgpt.lora import (
     weights_hash,
 )
 from mvgpt.model import GPT
+from mvgpt.runfolder import LossWatch, RunLock, Scalars, all_finite, append_line, claim, claim_file, diverged, read_log
 from mvgpt.tokenizer import Tokenizer
 
 
@@ -85,9 +92,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--eval-every", type=int, default=25)
     p.add_argument("--eval-examples", type=int, default=64, help="held-out examples for the story loss")
     p.add_argument("--ckpt-every", type=int, default=25)
-    p.add_argument("--seed", type=non_negative_int, default=1337, help="A's draw, the batches and the measured stories")
+    p.add_argument("--seed", type=seed, default=1337, help="A's draw, the batches and the measured stories")
     p.add_argument("--device", help="cpu, cuda, mps (default: the best present)")
-    p.add_argument("--resume", action="store_true", help="continue the run folder's adapter")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run folder's adapter (its rank, alpha and base; other flags may change)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start again in a run folder that holds an adapter; with --merge, replace OUT's checkpoint")
     p.add_argument("--prompts", type=int, default=24, help="held-out prompts measured after training (0: none)")
     p.add_argument("--gen-tokens", type=int, default=160, help="at most this many tokens per measured story")
     p.add_argument("--temperature", type=float, default=0.8, help="of the measured stories")
@@ -113,6 +123,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         (args.top_k >= 1, "--top-k must be at least 1"),
         (not (args.measure and args.merge), "--measure and --merge are separate steps: run one, then the other"),
         (not (args.resume and (args.measure or args.merge)), "--resume trains: drop it with --measure or --merge"),
+        (not (args.resume and args.overwrite), "--resume and --overwrite contradict each other: pick one"),
+        (not (args.measure and args.overwrite), "--measure writes no adapter: drop --overwrite"),
         (not (args.measure and args.prompts == 0), "--measure needs --prompts of at least 1"),
     ]
     for ok, message in checks:
@@ -215,13 +227,19 @@ def file_sizes(out_dir: Path, args: argparse.Namespace, model: GPT) -> dict:
 
 def merge_to(out: str, base: GPT, base_state: dict, args: argparse.Namespace, tok_hash: str | None,
              out_dir: Path) -> dict:
-    """Write base + adapter, merged, as an ordinary checkpoint that every reader loads."""
+    """Write base + adapter, merged, as an ordinary checkpoint that every reader loads: into a new or
+    empty folder, or (--overwrite) over a checkpoint, never over the base or the adapter it reads."""
+    reads = {"--init-from": checkpoint_path(args.init_from), "--out-dir (the adapter)": out_dir,
+             "--data-dir": args.data_dir}
+    claim(out, "checkpoint", "--merge", overwrite=args.overwrite, reads=reads)
     state = load_adapter(base, out_dir, tok_hash)
     merge(base)
     lora = {"adapter": str(adapter_path(out_dir)), "base": str(args.init_from), "rank": state["rank"],
-            "alpha": state["alpha"], "steps": state["step"], "args": state["args"]}
-    path = save_checkpoint(out, base, tokenizer_hash=tok_hash, step=base_state.get("step"),
-                           args=base_state.get("args"), lora=lora)
+            "alpha": state["alpha"], "steps": state.get("step"), "args": state.get("args")}
+    with RunLock(out):  # no training writes into OUT meanwhile
+        claim(out, "checkpoint", "--merge", overwrite=args.overwrite, reads=reads)
+        path = save_checkpoint(out, base, tokenizer_hash=tok_hash, step=base_state.get("step"),
+                               args=base_state.get("args"), lora=lora)
     print(f"merged {adapter_path(out_dir)} into {args.init_from} -> {path} ({path.stat().st_size / 1e6:.1f} MB)")
     return {"merged": str(path)}
 
@@ -231,6 +249,10 @@ def start_or_resume(model: GPT, args: argparse.Namespace, out_dir: Path, tok_has
     step, elapsed, losses = 0, 0.0, []
     if args.resume:
         saved = read_adapter(out_dir)
+        missing = [k for k in ("optimizer", "step", "elapsed") if k not in saved]
+        if missing:
+            raise UserError(f"{adapter_path(out_dir)} has no {', '.join(missing)}: it cannot be continued; "
+                            "start again with --overwrite")
         for flag in ("rank", "alpha"):
             if getattr(args, flag) is not None and getattr(args, flag) != saved[flag]:
                 raise SystemExit(f"error: {adapter_path(out_dir)} has {flag} {saved[flag]:g}, not "
@@ -244,12 +266,17 @@ def start_or_resume(model: GPT, args: argparse.Namespace, out_dir: Path, tok_has
     params = lora_parameters(model)
     optimizer = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.99), weight_decay=0.0)
     if args.resume:
-        optimizer.load_state_dict(saved["optimizer"])
-        step, elapsed, losses = saved["step"], saved["elapsed"], saved.get("losses", [])
-        truncate_log(log_path, step)
+        try:
+            optimizer.load_state_dict(saved["optimizer"])
+        except (ValueError, KeyError, TypeError, RuntimeError) as e:
+            raise UserError(f"{adapter_path(out_dir)}'s optimizer does not fit its adapter ({str(e)[:100]}): "
+                            "start again with --overwrite") from None
+        step, elapsed, losses = saved["step"], saved["elapsed"], list(saved.get("losses") or [])
+        read_log(log_path, step)
         print(f"resuming {out_dir} at step {step} ({elapsed / 60:.1f} minutes done)")
-    elif log_path.exists():
-        log_path.unlink()
+    else:  # a new fine-tune: the folder was claimed for it, an old one there goes (--overwrite)
+        adapter_path(out_dir).unlink(missing_ok=True)
+        log_path.unlink(missing_ok=True)
     return params, optimizer, step, elapsed, losses
 
 
@@ -271,23 +298,32 @@ def train(model: GPT, args: argparse.Namespace, device, tok_hash: str | None, ou
     print(f"{run_name(model)}: LoRA rank {args.rank}, alpha {args.alpha:g} on {len(params) // 2} linear layers: "
           f"{trainable:,} trainable weights of {total:,} ({trainable / total:.2%}), base {args.init_from} frozen")
 
-    from torch.utils.tensorboard import SummaryWriter
     from tqdm import tqdm
 
-    writer = SummaryWriter(str(Path(args.runs_dir) / out_dir.name), purge_step=step + 1 if step else None)
+    writer = Scalars(Path(args.runs_dir) / out_dir.name, purge_step=step + 1 if step else None)
     out_dir.mkdir(parents=True, exist_ok=True)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
     budget = args.minutes * 60 if args.minutes else float("inf")
     val_loss, evaluated_at = None, None
+    watch, saved_at, start = LossWatch(losses), step, step  # has the fine-tune diverged? (mvgpt/runfolder.py)
 
     def save() -> Path:
+        """Save the adapter, only from sane weights: finite, and their held-out story loss (this
+        step's evaluation, or one batch) not run away; otherwise stop, the last adapter kept."""
+        nonlocal saved_at
+        problem = None if all_finite(params) else f"the adapter's weights became non-finite at step {step}"
+        if problem is None:
+            check = val_loss if evaluated_at == step else held_out_story_loss(model, (rows[0][:8], rows[1][:8]), device)
+            problem = watch.check(check, step)
+        if problem:
+            raise diverged(problem, out_dir, saved_at, "adapter")
+        saved_at = step
         return save_adapter(out_dir, model, base_hash, tok_hash, optimizer=optimizer.state_dict(), step=step,
                             elapsed=elapsed, losses=losses, val_loss=val_loss, base=str(args.init_from),
                             args=vars(args))
 
     def log(record: dict) -> None:
-        with open(log_path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+        append_line(log_path, record, record["step"])
 
     stop = {"signal": None}
     previous = {s: signal.signal(s, lambda signum, frame: stop.update(signal=signum))
@@ -303,9 +339,9 @@ def train(model: GPT, args: argparse.Namespace, device, tok_hash: str | None, ou
             x, y = instruct_batch(*train_data, args.batch_size, T, args.seed, step)
             with autocast:
                 loss = story_loss(model, x.to(device), y.to(device))
-            if not math.isfinite(loss.item()):
-                raise SystemExit(f"error: loss became {loss.item()} at step {step}: stopping; the last good "
-                                 f"adapter in {out_dir} is kept (try a lower --lr)")
+            problem = watch.step(loss.item(), step + 1)  # non-finite, or run away
+            if problem:
+                raise diverged(problem, out_dir, saved_at, "adapter")
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if args.grad_clip:
@@ -320,10 +356,10 @@ def train(model: GPT, args: argparse.Namespace, device, tok_hash: str | None, ou
                 val_loss, evaluated_at = held_out_story_loss(model, rows, device), step
                 elapsed += time.perf_counter() - t1
                 record["val_loss"] = val_loss
-                writer.add_scalar("loss/held_out_story", val_loss, step)
+                writer.add("loss/held_out_story", val_loss, step)
             log(record)
-            writer.add_scalar("loss/train_story", loss.item(), step)
-            writer.add_scalar("lr", lr, step)
+            writer.add("loss/train_story", loss.item(), step)
+            writer.add("lr", lr, step)
             bar.set_postfix(loss=f"{loss.item():.3f}")
             bar.update(1)
             if step % args.ckpt_every == 0:
@@ -334,28 +370,25 @@ def train(model: GPT, args: argparse.Namespace, device, tok_hash: str | None, ou
                 print(f"interrupted at step {step}: saved {out_dir}; continue with --resume")
                 raise SystemExit(130 if stop["signal"] == signal.SIGINT else 143)
         bar.close()
-        if evaluated_at != step:
-            val_loss = held_out_story_loss(model, rows, device)
-            log({"step": step, "val_loss": val_loss, "elapsed": elapsed})
-            writer.add_scalar("loss/held_out_story", val_loss, step)
-        path = save()
-        writer.close()
+        if step == start:  # resumed when it had finished: nothing trained, the adapter stays as it is
+            val_loss, path = read_adapter(out_dir).get("val_loss"), adapter_path(out_dir)
+        else:
+            if evaluated_at != step:
+                val_loss, evaluated_at = held_out_story_loss(model, rows, device), step
+                log({"step": step, "val_loss": val_loss, "elapsed": elapsed})
+                writer.add("loss/held_out_story", val_loss, step)
+            path = save()
     finally:  # give the caller (a test, say) its own handlers back
+        writer.close()
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     size = path.stat().st_size
     base_size = checkpoint_path(args.init_from).stat().st_size
-    print(f"{out_dir.name}: {step} steps in {elapsed / 60:.1f} min, held-out story loss {val_loss:.4f}; "
+    shown = "-" if val_loss is None else f"{val_loss:.4f}"
+    print(f"{out_dir.name}: {step} steps in {elapsed / 60:.1f} min, held-out story loss {shown}; "
           f"adapter {path} {size / 1e6:.2f} MB, {size / base_size:.1%} of the base checkpoint's "
           f"{base_size / 1e6:.1f} MB")
     return read_adapter(out_dir)
-
-
-def truncate_log(path: Path, step: int) -> None:
-    """Drop log lines after the adapter's step, so a resumed curve continues without a seam."""
-    if path.exists():
-        lines = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
-        path.write_text("".join(line + "\n" for line in lines))
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -366,21 +399,29 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit(f"error: no complete prepared data in {args.data_dir}: run `python scripts/prepare.py` first")
     base, base_state = load_model(args.init_from, device, tok_hash)
     out_dir = Path(args.out_dir or Path("checkpoints") / run_name(base))
+    reads = {"--init-from": checkpoint_path(args.init_from), "--data-dir": args.data_dir}
+    if args.json:
+        claim_file(args.json, "--json", reads=reads)
     if args.merge:
         return merge_to(args.merge, base, base_state, args, tok_hash, out_dir)
+    if not args.measure:  # the run folder: ours alone (mvgpt/runfolder.py), checked again once it is locked
+        claim(out_dir, "lora", "--out-dir", resume=args.resume, overwrite=args.overwrite, reads=reads)
     meta = prepare_instruct(args.data_dir)
 
     model = copy.deepcopy(base)  # the base stays as it is, to be measured beside the fine-tuned model
     if args.measure:
         state = load_adapter(model, out_dir, tok_hash)
     else:
-        state = train(model, args, device, tok_hash, out_dir)
+        with RunLock(out_dir):
+            claim(out_dir, "lora", "--out-dir", resume=args.resume, overwrite=args.overwrite, reads=reads)
+            state = train(model, args, device, tok_hash, out_dir)
     model.eval()
+    trained, losses = state.get("args") or {}, state.get("losses") or []
     summary = {"run": out_dir.name, "base": str(args.init_from), "rank": state["rank"], "alpha": state["alpha"],
-               "layers": len(state["targets"]), "steps": state["step"], "batch_size": state["args"]["batch_size"],
-               "lr": state["args"]["lr"], "minutes": state["elapsed"] / 60, "val_loss": state["val_loss"],
-               "train_loss_first": state["losses"][0] if state["losses"] else None,
-               "train_loss_last": state["losses"][-1] if state["losses"] else None,
+               "layers": len(state.get("targets") or []), "steps": state.get("step"),
+               "batch_size": trained.get("batch_size"), "lr": trained.get("lr"),
+               "minutes": (state.get("elapsed") or 0.0) / 60, "val_loss": state.get("val_loss"),
+               "train_loss_first": losses[0] if losses else None, "train_loss_last": losses[-1] if losses else None,
                "train_examples": meta["train"]["examples"], "val_examples": meta["val"]["examples"],
                **file_sizes(out_dir, args, model), "machine": machine(device)}
     if args.prompts:

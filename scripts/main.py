@@ -3,8 +3,12 @@ read past the training context (a long-context fine-tune, the sweep, sinks), fin
 instructions with LoRA, and write the docs' tables.
 
 Each step is its own script, run here one after another in a subprocess. A step already done is
-skipped (a measurement, when its JSON is newer than the checkpoints it reads), and an interrupted
-training run resumes, so the job can be run again after a stop.
+skipped, and an interrupted training run resumes, so the job can be run again after a stop
+(Ctrl-C or SIGTERM: the step in progress is told, saves, and is waited for). Done means done for
+this data: a run whose checkpoint reached its steps from the tokenizer in data/ now, with its
+summary written after it; a measurement whose JSON is newer than the data and every checkpoint it
+reads. A new --source over a job with trained runs is refused (their tokenizer would be replaced);
+over one without, the data is prepared again, and said so first.
 
 How long: about an hour on a 2-core CPU, of any kind. Before training, the job measures this
 machine (a minute or two: the steps it will train, compiled as they will be, and the measuring
@@ -32,8 +36,11 @@ import time
 from pathlib import Path
 
 from mvgpt.checkpoint import checkpoint_path, read_checkpoint
+from mvgpt.data import SOURCE_ENV, data_tokenizer_hash, prepared_for, read_meta, source_fingerprint
 from mvgpt.errors import ArgumentParser, UserError, positive_int, run_main, writable_folder
+from mvgpt.lora import ADAPTER_NAME, read_adapter
 from mvgpt.rope_scaling import SCALING_METHODS
+from mvgpt.runfolder import holds
 
 SCRIPTS = Path(__file__).resolve().parent
 ROOT = SCRIPTS.parent
@@ -44,6 +51,13 @@ TINY = ["--n-layer", "2", "--n-head", "2", "--n-embd", "64", "--block-size", "32
 def run(step: list[str], env: dict) -> None:
     print(f"\n$ python {' '.join(step)}", flush=True)
     child = subprocess.Popen([sys.executable, *step], env=env)
+    terminated = []
+
+    def on_sigterm(signum, frame) -> None:  # as Ctrl-C: the step is told, stops cleanly, and is waited for
+        terminated.append(signum)
+        child.send_signal(signal.SIGTERM)
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
     try:
         code = child.wait()
     except KeyboardInterrupt:  # Ctrl-C: the step stops cleanly and says so in its one line, then we stop
@@ -54,33 +68,84 @@ def run(step: list[str], env: dict) -> None:
             code = child.wait()
         if code != 130:
             raise  # the step had ended: our own one line
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if terminated:
+        sys.stderr.write("terminated (SIGTERM): the step in progress stopped and kept its work: run the same "
+                         "command again: the steps done are skipped, training resumes\n")
+        raise SystemExit(143)
     if code < 0:
         raise UserError(f"{Path(step[0]).name} was killed by signal {-code} (out of memory?): run main.py again")
     if code:
         raise SystemExit(code)
 
 
-def finished_steps(run_dir: Path) -> int:
-    """The step a run folder's checkpoint reached (0 if none); a corrupt one is a one-line error,
-    not a reason to train over it."""
-    if not checkpoint_path(run_dir).exists():
+def flag_value(step: list[str], flag: str) -> str | None:
+    """The value a step's command line gives `flag`, if any."""
+    return step[step.index(flag) + 1] if flag in step else None
+
+
+def run_file(run_dir: Path) -> Path:
+    """A run folder's checkpoint, or (a LoRA run) its adapter."""
+    adapter = run_dir / ADAPTER_NAME
+    return adapter if adapter.exists() and not checkpoint_path(run_dir).exists() else checkpoint_path(run_dir)
+
+
+def finished_steps(run_dir: Path, tok_hash: str | None = None) -> int:
+    """The step a run folder's checkpoint (or adapter) reached (0 if none). A corrupt one, or one
+    trained with another tokenizer than `tok_hash` (data/'s now), is a one-line error, not a reason
+    to train over it."""
+    file = run_file(run_dir)
+    if not file.exists():
         return 0
-    return int(read_checkpoint(run_dir).get("step", 0))
+    state = read_adapter(run_dir) if file.name == ADAPTER_NAME else read_checkpoint(run_dir)
+    saved = state.get("tokenizer_hash")
+    if tok_hash is not None and saved is not None and saved != tok_hash:
+        raise UserError(f"{run_dir} was trained with tokenizer {saved}, but the data is now prepared with {tok_hash}: "
+                        f"delete {run_dir} to train it again on this data, or give this data its own --out")
+    return int(state.get("step") or 0)
 
 
 def train(step: list[str], run_dir: Path, steps: int, summary: Path, common: list[str], env: dict) -> None:
-    """Train into run_dir unless it has reached `steps` already; an interrupted run resumes."""
-    done = finished_steps(run_dir)
-    if done >= steps:
+    """Train into run_dir unless done: `steps` reached from this data, and the summary written after
+    the checkpoint (a stop between the two makes the summary, with no training). An interrupted run
+    resumes."""
+    done = finished_steps(run_dir, data_tokenizer_hash(flag_value(common, "--data-dir")))
+    if done >= steps and summary.exists() and summary.stat().st_mtime >= run_file(run_dir).stat().st_mtime:
         print(f"\n{run_dir} has trained {done} steps already: skipping (delete it to train again)")
         return
+    if done >= steps:
+        print(f"\n{run_dir} has trained {done} steps, but {summary} was not written after it: writing it")
     run([*step, *common, "--out-dir", str(run_dir), "--json", str(summary)] + (["--resume"] if done else []), env)
 
 
+def prepare_data(step: list[str], env: dict) -> None:
+    """Prepare data/ unless done for this source. A new source where runs were trained on the data
+    is refused (they need its tokenizer); where none were, the data is prepared again (--force),
+    and said so first. --out must be the job's own folder, not a run's, the data's or an export's."""
+    data = Path(flag_value(step, "--data-dir"))
+    found = holds(data.parent)
+    if found is not None and found[0] not in ("job", "files"):
+        raise UserError(f"--out {data.parent} holds {found[1]}: give the job a folder of its own")
+    source, meta = flag_value(step, "--source") or os.environ.get(SOURCE_ENV), read_meta(data)
+    vocab = int(flag_value(step, "--vocab-size") or 8192)  # prepare.py's default
+    if meta is not None and source and not prepared_for(meta, source_fingerprint(Path(source)), vocab):
+        ckpts = data.parent / "checkpoints"
+        trained = sorted(d.name for d in ckpts.glob("*") if run_file(d).exists()) if ckpts.is_dir() else []
+        if trained:
+            raise UserError(f"{data} was prepared from {meta.get('source')} (vocabulary {meta.get('vocab_size')}), "
+                            f"and {ckpts} holds runs trained on it ({', '.join(trained)}): preparing it from {source} "
+                            f"(vocabulary {vocab}) would leave them unusable; give that its own --out, or delete "
+                            f"{ckpts} to train again on it")
+        print(f"\n{data} was prepared from {meta.get('source')}, and no run was trained on it yet: "
+              f"preparing it again from {source}")
+        step = [*step, "--force"]
+    run(step, env)
+
+
 def measure(step: list[str], out: Path, checkpoints: list[str], env: dict) -> None:
-    """Run a measuring step unless its JSON is newer than every checkpoint it reads."""
-    newest = max(checkpoint_path(c).stat().st_mtime for c in checkpoints)
-    if out.exists() and out.stat().st_mtime > newest:
+    """Run a measuring step unless its JSON is newer than the data and every checkpoint it reads."""
+    if up_to_date(out, [Path(c) for c in checkpoints], Path(flag_value(step, "--data-dir") or "data")):
         print(f"\n{out} is newer than its checkpoints: skipping (delete it to measure again)")
         return
     run([*step, "--json", str(out)], env)
@@ -95,11 +160,14 @@ def steps_trained_before(ckpts: Path) -> int | None:
     return None
 
 
-def up_to_date(out: Path, checkpoints: list[Path]) -> bool:
-    """What `measure` finds: a measurement's JSON newer than every checkpoint it reads."""
-    if not out.exists() or not all(checkpoint_path(c).exists() for c in checkpoints):
+def up_to_date(out: Path, checkpoints: list[Path], data: Path) -> bool:
+    """A measurement's JSON is newer than the data (its meta.json) and every checkpoint it reads."""
+    files = [checkpoint_path(c) for c in checkpoints]
+    if (data / "meta.json").exists():
+        files.append(data / "meta.json")
+    if not out.exists() or not all(f.exists() for f in files):
         return False
-    return out.stat().st_mtime > max(checkpoint_path(c).stat().st_mtime for c in checkpoints)
+    return out.stat().st_mtime > max(f.stat().st_mtime for f in files)
 
 
 def plan_job(args: argparse.Namespace, data: Path, ckpts: Path, results: Path, started: float):
@@ -130,7 +198,7 @@ def plan_job(args: argparse.Namespace, data: Path, ckpts: Path, results: Path, s
     reads = {"evaluate": ("evaluate", both), "context": ("context", both), "sweep": ("sweep", [rope_dir, long_dir]),
              "sinks": ("sinks", [rope_dir]), "dynamic": ("dynamic", [rope_dir]), "LoRA fine-tune": ("lora", [rope_dir])}
     skipped = tuple(stage for stage, (name, paths) in reads.items()  # measurements that `measure` will skip
-                    if trained and up_to_date(results / f"{name}.json", paths))
+                    if trained and up_to_date(results / f"{name}.json", paths, data))
     print(f"\nmeasuring this machine for the plan ({device}, {dtype_name(dtype)}"
           f"{'' if args.tiny else ', compiled: a minute or two'})", flush=True)
     lora_left = not args.tiny and "LoRA fine-tune" not in skipped
@@ -175,7 +243,7 @@ def main(argv: list[str] | None = None) -> None:
         prepare += ["--source", args.source]
     if args.tiny:
         prepare += ["--vocab-size", "512"]
-    run(prepare, env)
+    prepare_data(prepare, env)
 
     # the plan: this machine measured, each stage's time from it, the steps both kinds train
     progress, args.max_steps = plan_job(args, data, ckpts, results, started)
@@ -219,8 +287,8 @@ def main(argv: list[str] | None = None) -> None:
     # episode 9: instruction fine-tuning with LoRA on the rope model, measured against its base (a tiny check's
     # few short stories have no words rare enough to ask for: tests/test_finetune.py covers it on its own data)
     if not args.tiny:
-        measure([str(SCRIPTS / "finetune.py"), "--init-from", rope, *common, "--out-dir", str(ckpts / "lora-rope"),
-                 "--max-steps", str(args.lora_steps)], results / "lora.json", [rope], env)
+        train([str(SCRIPTS / "finetune.py"), "--init-from", rope, "--max-steps", str(args.lora_steps)],
+              ckpts / "lora-rope", args.lora_steps, results / "lora.json", common, env)
         progress.done("LoRA fine-tune")
 
     if not args.tiny:  # the docs' tables and figures describe the real runs, not a tiny check

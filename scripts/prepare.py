@@ -7,6 +7,10 @@ Examples:
     python scripts/prepare.py                                       # download from the HF Hub
     python scripts/prepare.py --source my.txt --vocab-size 512 --data-dir /tmp/tiny   # tiny, seconds
     python scripts/prepare.py --source ../shared/data/tinystories --json results/data.json   # counts for the docs
+
+A folder of prepared data is prepared again only for the same inputs (--force: redo it). Data made
+from another source or vocabulary is refused, not replaced, unless --force: every checkpoint trained
+on it needs its tokenizer. A folder holding anything else (a run, an export) is never written.
 """
 
 from __future__ import annotations
@@ -16,9 +20,20 @@ import sys
 import time
 from pathlib import Path
 
-from mvgpt.data import DATA_DIR, DEFAULT_MAX_TRAIN_MB, MAX_VOCAB, MIN_VOCAB, SOURCE_ENV, prepare, resolve_source
+from mvgpt.data import (
+    DATA_DIR,
+    DEFAULT_MAX_TRAIN_MB,
+    MAX_VOCAB,
+    MIN_VOCAB,
+    PREPARED,
+    SOURCE_ENV,
+    prepare,
+    resolve_source,
+    source_files,
+)
 from mvgpt.errors import ArgumentParser, non_negative_float, number, run_main, writable_file, writable_folder
 from mvgpt.io import write_json
+from mvgpt.runfolder import claim, claim_file, holds
 
 
 def data_counts(meta: dict, command: list[str]) -> dict:
@@ -41,13 +56,22 @@ def main(argv: list[str] | None = None) -> dict:
                    default=8192, help="tokens, <|endoftext|> included")
     p.add_argument("--max-train-mb", type=non_negative_float, default=DEFAULT_MAX_TRAIN_MB,
                    help="download at most this much of the 1.9 GB train file (0: all)")
-    p.add_argument("--force", action="store_true", help="prepare again even if done for these inputs")
+    p.add_argument("--force", action="store_true",
+                   help="prepare again even if done for these inputs; replace data prepared from others")
     p.add_argument("--json", type=writable_file, help="also write the counts of each split here (for the docs)")
     args = p.parse_args(argv)
 
     t0 = time.perf_counter()
-    source = resolve_source(args.source, Path(args.data_dir), args.max_train_mb)
-    meta = prepare(source, args.data_dir, args.vocab_size, args.force)
+    data_dir = Path(args.data_dir)
+    found = holds(data_dir)
+    if found is not None and found[0] != "data":  # a run, an export, or files of the user's: not data's place
+        clashes = found[0] == "files" and any((data_dir / name).exists() for name in PREPARED)
+        if found[0] != "files" or clashes:
+            claim(data_dir, "data", "--data-dir", overwrite=args.force, overwrite_flag="--force")
+    source = resolve_source(args.source, data_dir, args.max_train_mb)
+    if args.json:
+        claim_file(args.json, "--json", reads={f"--source ({f.name})": f for f in source_files(source)})
+    meta = prepare(source, args.data_dir, args.vocab_size, args.force, replace=args.force)
     if args.json:
         write_json(args.json, data_counts(meta, ["python scripts/prepare.py", *(argv or sys.argv[1:])]))
     if meta.get("skipped"):

@@ -22,6 +22,15 @@ Examples:
     torchrun --nproc_per_node 2 scripts/pretrain.py --rope      # two processes (DDP)
     python scripts/pretrain.py --init-from checkpoints/pretrain-rope --block-size 1024 \\
         --rope-scaling linear --max-steps 40                      # long-context fine-tune
+    python scripts/pretrain.py --out-dir checkpoints/pretrain-rope-ctx1024-linear --resume   # ... continued
+
+A run folder holds one run: a folder with another run in it needs --resume (continue it) or
+--overwrite (start it again); one with anything else in it (a LoRA run, data, an export) is
+refused. A resume is the checkpoint's run: the model (--n-layer, --n-head, --n-embd, --block-size,
+--rope, --rope-theta, and what --init-from with --rope-scaling made) comes from the checkpoint, and
+a flag that says otherwise is refused; the optimization, schedule, time, evaluation, checkpoint
+and device flags may change. A checkpoint is saved only from sane weights (mvgpt/runfolder.py's
+LossWatch): a run whose loss runs away stops, and its last checkpoint stays as it was.
 """
 
 from __future__ import annotations
@@ -36,29 +45,34 @@ import statistics
 import sys
 import time
 from contextlib import nullcontext
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 from mvgpt.bench import machine
-from mvgpt.checkpoint import CHECKPOINT_NAME, config_from_dict, read_checkpoint, save_checkpoint
+from mvgpt.checkpoint import CHECKPOINT_NAME, checkpoint_path, config_from_dict, read_checkpoint, save_checkpoint
 from mvgpt.cpu_attention import batched_attention_pays, use_batched_attention
 from mvgpt.data import DATA_DIR, data_tokenizer_hash, get_batch, load_tokens
 from mvgpt.device import pick_device
-from mvgpt.errors import run_main
+from mvgpt.errors import UserError, run_main
 from mvgpt.io import write_json
 from mvgpt.model import GPT, GPTConfig
 from mvgpt.perf import compile_pays, tune_malloc
 from mvgpt.precision import CHOICES as DTYPE_CHOICES
 from mvgpt.precision import autocast, dtype_name, resolve_dtype
 from mvgpt.rope_scaling import SCALING_METHODS
+from mvgpt.runfolder import LossWatch, RunLock, Scalars, all_finite, append_line, claim, claim_file, diverged, read_log
 from mvgpt.train import WARMUP_SHARE, configure_optimizer, lr_at
 
 EVAL_SEED = 1234  # the held-out batches are the same for every run
+DEFAULTS = {"n_layer": 6, "n_head": 6, "n_embd": 384, "block_size": 256, "rope_theta": 10000.0}  # a new model's
+MODEL_FLAGS = {"n_layer": "--n-layer", "n_head": "--n-head", "n_embd": "--n-embd", "block_size": "--block-size",
+               "rope_theta": "--rope-theta"}
+MAX_SEED = 2**63 - 1  # torch's and numpy's generators take it
 DEFAULT_MINUTES = 10.0  # a run without --max-steps trains this long, as the episode does
 clock = time.perf_counter  # the run's clock (tests drive the schedule with a fake one)
 
@@ -80,12 +94,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out-dir", help="run folder (default: checkpoints/<kind>)")
     p.add_argument("--runs-dir", default="runs", help="TensorBoard logs, one folder per run")
     p.add_argument("--json", help="also write the run's summary here (steps, tokens/s, losses)")
-    # the model
-    p.add_argument("--n-layer", type=int, default=6)
-    p.add_argument("--n-head", type=int, default=6)
-    p.add_argument("--n-embd", type=int, default=384)
-    p.add_argument("--block-size", type=int, help="training context (default 256, or the checkpoint's)")
-    p.add_argument("--rope-theta", type=float, default=10000.0)
+    # the model (default: these; with --resume or --init-from, the checkpoint's)
+    p.add_argument("--n-layer", type=int, help=f"blocks (default {DEFAULTS['n_layer']})")
+    p.add_argument("--n-head", type=int, help=f"attention heads (default {DEFAULTS['n_head']})")
+    p.add_argument("--n-embd", type=int, help=f"channels (default {DEFAULTS['n_embd']})")
+    p.add_argument("--block-size", type=int, help=f"training context (default {DEFAULTS['block_size']})")
+    p.add_argument("--rope-theta", type=float, help=f"rotary base (default {DEFAULTS['rope_theta']:g})")
     p.add_argument("--rope-scaling", default="none", choices=SCALING_METHODS,
                    help="with --init-from: linear trains with positions divided by --rope-factor")
     p.add_argument("--rope-factor", type=float, help="linear factor (default: new block size / old)")
@@ -104,7 +118,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--minutes", type=float,
                    help=f"time budget; alone, the schedule follows the clock (default {DEFAULT_MINUTES:g} "
                         "without --max-steps, none with it; 0: none)")
-    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--seed", type=int, default=1337, help=f"0 to {MAX_SEED}")
     # evaluation and checkpoints
     p.add_argument("--eval-every", type=int, default=25)
     p.add_argument("--eval-at", type=int, nargs="+", default=[], metavar="STEP",
@@ -118,7 +132,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--compile", action=argparse.BooleanOptionalAction,
                    help="torch.compile the training step (default: where it pays, mvgpt.perf.compile_pays: "
                         "a run bounded by five minutes or more, in bf16 on a CPU)")
-    p.add_argument("--resume", action="store_true", help="continue the run folder's last checkpoint")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run folder's last checkpoint: its model, with the flags above that may change")
     p.add_argument("--overwrite", action="store_true", help="start again in a run folder that has a checkpoint")
     p.add_argument("--init-from", help="start from another run's weights (e.g. for a longer context)")
     args = p.parse_args(argv)
@@ -138,6 +153,8 @@ def check_args(args: argparse.Namespace) -> str | None:
         value = getattr(args, name)
         if value is not None and value < low:
             return f"--{name.replace('_', '-')} {value} must be at least {low}"
+    if args.seed > MAX_SEED:
+        return f"--seed {args.seed} must be at most {MAX_SEED}"
     ranges = {"lr": (0, math.inf, False), "min_lr_ratio": (0, 1, True), "weight_decay": (0, math.inf, True),
               "grad_clip": (0, math.inf, True), "minutes": (0, math.inf, True), "rope_theta": (0, math.inf, False),
               "rope_factor": (0, math.inf, False), "warmup_share": (0, 1, True)}
@@ -153,10 +170,11 @@ def check_args(args: argparse.Namespace) -> str | None:
                 f" and at most {high:g}" if high < math.inf else "")
     if any(s < 1 for s in args.eval_at):
         return f"--eval-at {min(args.eval_at)} must be at least 1 (steps count from 1)"
-    if args.n_embd % args.n_head:
-        return f"--n-embd {args.n_embd} must be a multiple of --n-head {args.n_head}"
-    if args.rope and (args.n_embd // args.n_head) % 2:
-        return f"--rope needs an even head size (--n-embd / --n-head), got {args.n_embd // args.n_head}"
+    n_embd, n_head = args.n_embd or DEFAULTS["n_embd"], args.n_head or DEFAULTS["n_head"]
+    if not args.resume and n_embd % n_head:
+        return f"--n-embd {n_embd} must be a multiple of --n-head {n_head}"
+    if not args.resume and args.rope and (n_embd // n_head) % 2:
+        return f"--rope needs an even head size (--n-embd / --n-head), got {n_embd // n_head}"
     if args.minutes == 0 and not args.max_steps:
         return "nothing would stop this run: give --max-steps, or --minutes above 0"
     if args.resume and args.overwrite:
@@ -197,18 +215,24 @@ def check_tokenizer(state: dict, tok_hash: str | None, path: str | Path) -> None
                          "pass the --data-dir it was trained on")
 
 
-def build_model(args: argparse.Namespace, tok_hash: str | None = None) -> GPT:
-    """A new model from the flags, or (--init-from) one from a checkpoint's weights."""
-    torch.manual_seed(args.seed)
+def new_config(args: argparse.Namespace, tok_hash: str | None = None) -> tuple[dict, dict | None]:
+    """A new run's config fields from the flags, or (--init-from) from a checkpoint's config with the
+    flags' context and scaling; and that checkpoint (None without --init-from)."""
     if not args.init_from:
         if args.rope_scaling != "none":
             raise SystemExit("error: --rope-scaling is for a fine-tune to a longer context: add --init-from")
-        return GPT(GPTConfig(vocab_size=args.vocab_size, block_size=args.block_size or 256, n_layer=args.n_layer,
-                             n_head=args.n_head, n_embd=args.n_embd, rope=args.rope, rope_theta=args.rope_theta))
+        fields = {k: DEFAULTS[k] if getattr(args, k) is None else getattr(args, k) for k in MODEL_FLAGS}
+        return asdict(GPTConfig(**fields, vocab_size=args.vocab_size, rope=args.rope)), None
     state = read_checkpoint(args.init_from)
     check_tokenizer(state, tok_hash, args.init_from)
     saved = config_from_dict(state["config"])
-    fields = dict(state["config"])
+    fields = asdict(saved)
+    asked = {k: getattr(args, k) for k in MODEL_FLAGS if k != "block_size" and getattr(args, k) is not None}
+    asked.update({"rope": True} if args.rope else {})
+    for k, value in asked.items():  # the sizes and the kind are the checkpoint's: a flag may not say otherwise
+        if fields[k] != value:
+            raise UserError(f"{args.init_from} has {k}={fields[k]!r}, and --{k.replace('_', '-')} asks for {value!r}: "
+                            "--init-from continues from its model; drop the flag")
     if args.rope_scaling == "linear":  # positions divided by the factor from now on, in training too
         if not saved.rope:
             raise SystemExit(f"error: --rope-scaling needs a rope model, and {args.init_from} has learned positions")
@@ -226,47 +250,70 @@ def build_model(args: argparse.Namespace, tok_hash: str | None = None) -> GPT:
                 f"{saved.block_size}: --block-size cannot change (use a rope model)"
             )
         fields["block_size"] = args.block_size
+    return fields, state
+
+
+def build_model(args: argparse.Namespace, fields: dict, state: dict | None = None) -> GPT:
+    """A new model of new_config's fields: drawn from --seed, or (--init-from) with its checkpoint's weights."""
+    torch.manual_seed(args.seed)
     model = GPT(config_from_dict(fields))
-    model.load_state_dict(state["model"])
-    args.rope = model.config.rope
+    if state is not None:
+        model.load_state_dict(state["model"])
     return model
 
 
-def start_or_resume(
-    args: argparse.Namespace, out_dir: Path, model: GPT, optimizer, tok_hash: str | None, master: bool
-) -> tuple[int, float]:
-    """(step, elapsed seconds) to start from: the checkpoint's with --resume, else 0 in a fresh folder.
-
-    A folder that holds a checkpoint is someone's run: only --resume or --overwrite may touch it.
-    """
-    if not args.resume:
-        if (out_dir / CHECKPOINT_NAME).exists() and not args.overwrite:
-            raise SystemExit(f"error: {out_dir} holds a run already: continue it with --resume, start it again "
-                             "with --overwrite, or pick another --out-dir")
-        if master:
-            (out_dir / "log.jsonl").unlink(missing_ok=True)
-        return 0, 0.0
-    state = read_checkpoint(out_dir)
+def resumed_model(args: argparse.Namespace, state: dict, out_dir: Path, tok_hash: str | None) -> GPT:
+    """The checkpoint's model, to continue its run. A flag that would make another model (another
+    size, kind or context; --init-from's scaling that differs from what the run was made with) is
+    refused: resuming never changes the model under a run."""
     check_tokenizer(state, tok_hash, out_dir)
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    torch.set_rng_state(state["rng"])
+    saved = asdict(config_from_dict(state["config"]))
+    if args.init_from:  # the command that made the run, given again: it must make this model
+        implied, _ = new_config(args, tok_hash)
+        asked = {k: (v, "--init-from with its flags") for k, v in implied.items()}
+    else:
+        asked = {k: (getattr(args, k), flag) for k, flag in MODEL_FLAGS.items() if getattr(args, k) is not None}
+        if args.rope:
+            asked["rope"] = (True, "--rope")
+    asked.setdefault("vocab_size", (args.vocab_size, f"--data-dir {args.data_dir}"))
+    for k, (value, flag) in asked.items():
+        if k in saved and saved[k] != value:
+            raise UserError(f"{out_dir} holds a run with {k}={saved[k]!r}, and {flag} asks for {value!r}: "
+                            "a resume continues the checkpoint's model; drop the flag, or start a new run with "
+                            "another --out-dir")
+    return GPT(config_from_dict(saved))
+
+
+def start_or_resume(
+    args: argparse.Namespace, out_dir: Path, model: GPT, optimizer, state: dict | None, master: bool
+) -> tuple[int, float, list[dict]]:
+    """(step, elapsed seconds, the log's records) to start from: the checkpoint's with --resume
+    (state), else 0 in a folder claimed for a new run (an old run there goes, with --overwrite)."""
+    if state is None:
+        if master:
+            if args.overwrite:  # a stop before the first save must not leave the old checkpoint beside a new log
+                (out_dir / CHECKPOINT_NAME).unlink(missing_ok=True)
+            (out_dir / "log.jsonl").unlink(missing_ok=True)
+        return 0, 0.0, []
+    missing = [k for k in ("optimizer", "rng", "step", "elapsed") if k not in state]
+    if missing:  # e.g. a merged LoRA checkpoint, or one saved by hand: weights without a run to continue
+        raise UserError(f"{checkpoint_path(out_dir)} has no {', '.join(missing)}: it is a model, not a run to "
+                        "continue; start a new run from it with --init-from")
+    try:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["rng"])
+    except (RuntimeError, ValueError, KeyError, TypeError) as e:
+        raise UserError(f"{checkpoint_path(out_dir)} does not hold a run this model can continue "
+                        f"({str(e).splitlines()[0][:120]}): start a new run with another --out-dir") from None
+    records = []
     if master:
-        truncate_log(out_dir / "log.jsonl", state["step"])
+        records = read_log(out_dir / "log.jsonl", state["step"])
         print(f"resuming {out_dir} at step {state['step']} ({state['elapsed'] / 60:.1f} minutes done)")
-    return state["step"], state["elapsed"]
-
-
-def truncate_log(path: Path, step: int) -> None:
-    """Drop log lines after the checkpoint's step, so a resumed curve continues without a seam."""
-    if not path.exists():
-        return
-    lines = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
-    path.write_text("".join(line + "\n" for line in lines))
-
+    return state["step"], state["elapsed"], records
 
 # ----------------------------------------------------------------------------------------------
-# Where it runs: one process, or one of several (DDP); stopping on Ctrl-C; one run per folder
+# Where it runs: one process, or one of several (DDP); stopping on Ctrl-C
 
 
 def setup_device(args: argparse.Namespace) -> tuple[torch.device, int, int]:
@@ -330,52 +377,6 @@ class StopSignals:
         return elapsed, stop
 
 
-class RunLock:
-    """A lock file in the run folder: a second process training into it is refused. A lock left
-    by a process that died (kill -9) is taken over, and said so."""
-
-    def __init__(self, out_dir: Path) -> None:
-        self.path = out_dir / "lock"
-
-    def __enter__(self) -> RunLock:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        for _ in range(2):
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-            except FileExistsError:
-                pid = self._holder()
-                if pid is not None and _alive(pid):
-                    raise SystemExit(f"error: {self.path.parent} is in use by process {pid}: wait for it, "
-                                     "or pick another --out-dir") from None
-                print(f"taking over the lock {self.path} left by process {pid}, which is gone")
-                self.path.unlink(missing_ok=True)
-                continue
-            os.write(fd, str(os.getpid()).encode())
-            os.close(fd)
-            return self
-        raise SystemExit(f"error: could not take the lock {self.path}: another process races for it")
-
-    def __exit__(self, *exc) -> None:
-        if self._holder() == os.getpid():
-            self.path.unlink(missing_ok=True)
-
-    def _holder(self) -> int | None:
-        try:
-            return int(self.path.read_text().strip())
-        except (OSError, ValueError):
-            return None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 # ----------------------------------------------------------------------------------------------
 # What a run writes: the JSONL log, TensorBoard and a progress bar (rank 0 only), checkpoints
 
@@ -386,19 +387,18 @@ class RunLog:
 
     def __init__(self, out_dir: Path, runs_dir: str, master: bool, step: int, total: int | None) -> None:
         self.master, self.path = master, out_dir / "log.jsonl"
-        self.writer = SummaryWriter(str(Path(runs_dir) / out_dir.name), purge_step=step + 1 if step else None) \
+        self.scalars = Scalars(Path(runs_dir) / out_dir.name, purge_step=step + 1 if step else None) \
             if master else None
         self.bar = tqdm(total=total, initial=step, disable=None if master else True, unit="step", dynamic_ncols=True)
 
     def write(self, record: dict) -> None:
         if not self.master:
             return
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+        append_line(self.path, record, record["step"])
         for key, tag in (("loss", "loss/train"), ("grad_norm", "grad_norm"), ("lr", "lr"),
                          ("tokens_per_s", "tokens_per_s"), ("val_loss", "loss/held_out")):
             if key in record:
-                self.writer.add_scalar(tag, record[key], record["step"])
+                self.scalars.add(tag, record[key], record["step"])
         if "loss" in record:
             self.bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:,.0f}",
                                  min=f"{record['elapsed'] / 60:.1f}")
@@ -411,19 +411,16 @@ class RunLog:
 
     def close(self) -> None:
         self.bar.close()
-        if self.writer:
-            self.writer.close()
-
-
-def all_finite(model: GPT) -> bool:
-    return all(bool(torch.isfinite(p).all()) for p in model.parameters())
+        if self.scalars:
+            self.scalars.close()
 
 
 @torch.no_grad()
-def held_out_loss(model: GPT, val, args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> float:
+def held_out_loss(model: GPT, val, args: argparse.Namespace, device: torch.device, dtype: torch.dtype,
+                  batches: int | None = None) -> float:
     model.eval()
     losses = []
-    for i in range(args.eval_batches):
+    for i in range(batches or args.eval_batches):
         x, y = get_batch(val, args.batch_size, model.config.block_size, EVAL_SEED, i)
         with autocast(device, dtype):
             losses.append(model(x.to(device), y.to(device))[1].item())
@@ -444,16 +441,31 @@ def train(run: dict, args: argparse.Namespace) -> dict:
     tokens_per_step = args.batch_size * block_size * run["world"]
     budget = args.minutes * 60 if args.minutes else math.inf
     max_steps = args.max_steps or math.inf
-    speeds, evals, val_loss, loss_value = [], [], None, None
+    # a resumed run's summary covers the whole run: its speeds and evaluations so far, from the log
+    speeds = [r["tokens_per_s"] for r in run["records"] if "tokens_per_s" in r]
+    evals, val_loss, loss_value = [], None, None
+    for r in run["records"]:
+        loss_value = r.get("loss", loss_value)
+        if "val_loss" in r:
+            val_loss = r["val_loss"]
+            evals.append({"step": r["step"], "val_loss": val_loss, "train_loss": loss_value})
+    watch, saved_at = LossWatch(run["losses"]), run["step"]  # has the run diverged? (mvgpt/runfolder.py)
 
-    def checkpoint() -> None:  # only from finite weights: a blown-up step never replaces a good checkpoint
-        if not all_finite(model):
-            raise SystemExit(f"error: the weights became non-finite at step {step}: stopping; the last good "
-                             f"checkpoint in {out_dir} is kept (try a lower --lr)")
+    def checkpoint(due: bool) -> None:
+        """Save, only from sane weights: finite, and their loss (held-out: this step's evaluation, or
+        one batch) not run away. Otherwise stop, and the last checkpoint stays as it was."""
+        nonlocal saved_at
+        problem = None if all_finite(model.parameters()) else f"the weights became non-finite at step {step}"
+        if problem is None:  # (one batch's forward is left off the clock: a resumed run's clock stays the same)
+            check = val_loss if due else held_out_loss(model, run["val_data"], args, device, dtype, batches=1)
+            problem = watch.check(check, step)
+        if problem:
+            raise diverged(problem, out_dir, saved_at)
         if run["master"]:
             save_checkpoint(out_dir, model, optimizer=optimizer.state_dict(), step=step, elapsed=elapsed,
                             rng=torch.get_rng_state(), tokenizer_hash=run["tok_hash"], args=vars(args),
-                            val_loss=val_loss)
+                            val_loss=val_loss, losses=watch.losses)
+        saved_at = step
 
     model.train()
     first = step  # this process's first step (it compiles, where it does): the pace leaves it out
@@ -473,10 +485,10 @@ def train(run: dict, args: argparse.Namespace) -> dict:
         # forward (matrix products in bf16 under autocast), backward, clip, update
         with autocast(device, dtype):
             _, loss = train_model(x.to(device), y.to(device))
-        loss_value = mean_over_ranks(loss.item(), device)  # non-finite on any rank: on all, so all stop
-        if not math.isfinite(loss_value):
-            raise SystemExit(f"error: loss became {loss_value} at step {step}: stopping; the last good "
-                             f"checkpoint in {out_dir} is kept (try a lower --lr)")
+        loss_value = mean_over_ranks(loss.item(), device)  # the same on every rank: all stop together
+        problem = watch.step(loss_value, step + 1)  # non-finite, or run away (mvgpt/runfolder.py)
+        if problem:
+            raise diverged(problem, out_dir, saved_at)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         # the gradient's norm, logged before it is clipped (--grad-clip 0: measured, left alone); read
@@ -503,7 +515,7 @@ def train(run: dict, args: argparse.Namespace) -> dict:
         elapsed, stopping = stop.agree(elapsed, device)
         saved = step % args.ckpt_every == 0 or stopping
         if saved:
-            checkpoint()
+            checkpoint(due)
         if due or saved:
             log.say(f"step {step}: loss {loss_value:.4f}" + (f", held-out {val_loss:.4f}" if due else "")
                     + f", {speeds[-1]:,.0f} tokens/s, {elapsed / 60:.1f} min" + (", checkpoint saved" if saved else ""))
@@ -517,7 +529,8 @@ def train(run: dict, args: argparse.Namespace) -> dict:
         elapsed += clock() - t1
         log.write({"step": step, "val_loss": val_loss, "elapsed": elapsed, "machine": run["machine"]})
         evals.append({"step": step, "val_loss": val_loss, "train_loss": loss_value})
-    checkpoint()
+    if step > saved_at:  # a run resumed when it had finished trains nothing, and its checkpoint stays as it is
+        checkpoint(due=True)
     return {
         "command": run["command"], "machine": run["machine"], "run": run["name"],
         "kind": "rope" if model.config.rope else "learned", "dtype": args.dtype,
@@ -538,20 +551,32 @@ def main(argv: list[str] | None = None) -> dict:
     dtype = resolve_dtype(args.dtype, device)
     args.dtype = dtype_name(dtype)  # the dtype used, in the log and the checkpoint's args
 
-    # the data and the model
+    # the data, and the run folder: ours alone (mvgpt/runfolder.py), checked again once it is locked
     data_dir = Path(args.data_dir)
     train_data, val_data = load_tokens(data_dir, "train"), load_tokens(data_dir, "val")
     tok_hash = data_tokenizer_hash(data_dir)
     args.vocab_size = json.loads((data_dir / "meta.json").read_text())["vocab_size"]
-    model = build_model(args, tok_hash)
-    if batched_attention_pays(device, dtype):
-        use_batched_attention(model)  # attention's products over all heads at once (mvgpt/cpu_attention.py)
-    name = run_name(args)
-    out_dir = Path(args.out_dir or Path("checkpoints") / name)
-    optimizer = configure_optimizer(model, args.lr, args.weight_decay, device)
+    fields, init = (None, None) if args.resume else new_config(args, tok_hash)  # a new run's model, checked now
+    args.rope = args.rope or bool(fields and fields["rope"])  # --init-from a rope model: a rope run
+    out_dir = Path(args.out_dir or Path("checkpoints") / run_name(args))
+    reads = {"--init-from": args.init_from and checkpoint_path(args.init_from), "--data-dir": data_dir}
+    claim(out_dir, "checkpoint", "--out-dir", resume=args.resume, overwrite=args.overwrite, reads=reads)
+    if args.json:
+        claim_file(args.json, "--json", reads=reads)
 
     with RunLock(out_dir) if master else nullcontext(), StopSignals() as stop:
-        step, elapsed = start_or_resume(args, out_dir, model, optimizer, tok_hash, master)
+        claim(out_dir, "checkpoint", "--out-dir", resume=args.resume, overwrite=args.overwrite, reads=reads)
+        # the model: the checkpoint's (--resume), or a new one from the flags (or --init-from's weights)
+        state = read_checkpoint(out_dir) if args.resume else None
+        model = resumed_model(args, state, out_dir, tok_hash) if state else build_model(args, fields, init)
+        for k in MODEL_FLAGS:  # the values used, in the checkpoint's args and the summary
+            setattr(args, k, getattr(model.config, k))
+        args.rope = model.config.rope
+        name = run_name(args)
+        if batched_attention_pays(device, dtype):
+            use_batched_attention(model)  # attention's products over all heads at once (mvgpt/cpu_attention.py)
+        optimizer = configure_optimizer(model, args.lr, args.weight_decay, device)
+        step, elapsed, records = start_or_resume(args, out_dir, model, optimizer, state, master)
         model.to(device)
         if args.compile is None:  # neither asked for nor against: where it earns its compile time back
             args.compile = not args.max_steps and compile_pays(device, dtype, args.minutes * 60 - elapsed)
@@ -569,7 +594,7 @@ def main(argv: list[str] | None = None) -> dict:
         run = dict(model=model, train_model=train_model, optimizer=optimizer, device=device, dtype=dtype, log=log,
                    stop=stop, out_dir=out_dir, step=step, elapsed=elapsed, world=world, rank=rank, master=master,
                    train_data=train_data, val_data=val_data, tok_hash=tok_hash, machine=machine(device),
-                   command=command, name=name)
+                   command=command, name=name, records=records, losses=(state or {}).get("losses", []))
         try:
             summary = train(run, args)
         finally:

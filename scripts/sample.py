@@ -23,7 +23,7 @@ from mvgpt.checkpoint import checkpoint_arg, load_model
 from mvgpt.cli import add_context_args, apply_context_args
 from mvgpt.data import DATA_DIR, data_tokenizer_hash, prepared_data
 from mvgpt.device import pick_device
-from mvgpt.errors import ArgumentParser, non_negative_float, non_negative_int, positive_int, run_main
+from mvgpt.errors import ArgumentParser, non_negative_float, non_negative_int, positive_int, run_main, seed
 from mvgpt.lora import load_adapter
 from mvgpt.precision import CHOICES as DTYPE_CHOICES
 from mvgpt.precision import resolve_dtype
@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--max-new-tokens", type=non_negative_int, default=300, help="may exceed the window")
     p.add_argument("--temperature", type=non_negative_float, default=0.8, help="0 is greedy")
     p.add_argument("--top-k", type=positive_int, default=50)
-    p.add_argument("--seed", type=non_negative_int, default=1337)
+    p.add_argument("--seed", type=seed, default=1337)
     p.add_argument("--no-cache", action="store_true", help="re-read the last window for every token")
     p.add_argument("--data-dir", type=prepared_data, default=str(DATA_DIR), help="where the tokenizer is")
     p.add_argument("--device", help="cpu, cuda, mps (default: the best present)")

@@ -150,7 +150,7 @@ def test_prepare_stopped_midway_keeps_the_data_and_leaves_no_temp_files(corpus_d
     write_corpus(big / "train.txt", 30000, seed=7)
     write_corpus(big / "valid.txt", 10, seed=8)
     child = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "prepare.py"), "--source", str(big),
-                              "--data-dir", str(out), "--vocab-size", "400"],
+                              "--data-dir", str(out), "--vocab-size", "400", "--force"],  # other inputs: --force
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while not list(out.glob(".prepare.tmp*")) and child.poll() is None and time.monotonic() < deadline:

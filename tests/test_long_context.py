@@ -125,3 +125,50 @@ def test_dynamic_ntk_generation_with_a_cache_equals_without():
     with_cache = torch.cat(list(model.generate(prompt, 40, temperature=0)), 1)
     without = torch.cat(list(model.generate(prompt, 40, temperature=0, use_cache=False)), 1)
     assert with_cache.equal(without)
+
+
+@pytest.mark.parametrize("shift", [True, False], ids=["shifted", "unshifted"])
+def test_sinks_under_dynamic_ntk_equal_a_forward_over_what_the_cache_holds_with_one_block(shift):
+    """A SinkCache given the model's angles follows dynamic NTK's base as the story grows: its held
+    keys (sinks and newest) are turned on at each step, so the logits are those of a full forward
+    over what it holds, at their positions, under the base of the length read (one block: exact)."""
+    model = sharpen(tiny_model(rope=True, n_layer=1))
+    set_context(model, 64, "dynamic-ntk")  # a window of 32 past the training context of 16: the base moves
+    stream = tokens(80, seed=6)
+    W, k = 32, 4
+    cache = SinkCache(model.config, 1, capacity=2 * W, sinks=k, angles=model.angles, shift=shift)
+    for t in range(80):
+        if cache.length == W:
+            cache.slide(W - 1)
+        logits, _ = model(stream[:, t : t + 1], cache=cache)
+    newest = stream[:, 80 - (W - k):]
+    if shift:  # sinks and newest at contiguous positions 0..W-1: a plain forward over them
+        reference, _ = model(torch.cat([stream[:, :k], newest], dim=1), last_only=True)
+    else:  # sinks at 0..k-1, the newest at their own positions, all under the base of length 80
+        angles = model.angles.at(0, 80, 80)
+        keep = torch.cat([torch.arange(k), torch.arange(80 - (W - k), 80)])
+        reference = reference_at_positions(model, torch.cat([stream[:, :k], newest], dim=1),
+                                           (angles[0][keep], angles[1][keep]))
+    torch.testing.assert_close(logits, reference, atol=1e-5, rtol=0)
+    stale = SinkCache(model.config, 1, capacity=2 * W, sinks=k)  # without the angles: keys left under old bases
+    for t in range(80):
+        if stale.length == W:
+            stale.slide(W - 1)
+        unturned, _ = model(stream[:, t : t + 1], cache=stale)
+    if not shift:
+        assert (unturned - reference).abs().max() > 1e-3
+
+
+def reference_at_positions(model, idx, angles):
+    """The last token's logits of a forward over idx whose tokens sit at the given angles' positions."""
+    class Fixed(torch.nn.Module):
+        def forward(self, start, T):
+            return angles[0][start : start + T], angles[1][start : start + T]
+
+    real = model.angles
+    model.angles = Fixed()
+    try:
+        logits, _ = model(idx, last_only=True)
+    finally:
+        model.angles = real
+    return logits
