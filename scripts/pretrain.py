@@ -208,6 +208,29 @@ def run_name(args: argparse.Namespace) -> str:
     return name
 
 
+def run_dir(args: argparse.Namespace, runs: Path = Path("checkpoints")) -> tuple[Path, str | None]:
+    """The run folder, and a line to say about it, where --out-dir does not name one:
+    checkpoints/<run_name>, or, when that holds a run already (the main job's, say), the next free
+    one of pretrain-rope-2, -3, ..., so that the episode's command typed after the main job trains
+    beside its runs and loses none. --resume continues the newest of them; --overwrite starts the
+    first one again."""
+    if args.out_dir:
+        return Path(args.out_dir), None
+    first = runs / run_name(args)
+    numbered = [p for p in runs.glob(f"{first.name}-*") if p.name[len(first.name) + 1:].isdigit()]
+    taken = [p for p in [first, *numbered] if checkpoint_path(p).exists()]
+    if args.resume and taken:
+        return max(taken, key=lambda p: checkpoint_path(p).stat().st_mtime), None
+    if args.overwrite or first not in taken:
+        return first, None
+    n = 2
+    while checkpoint_path(runs / f"{first.name}-{n}").exists():
+        n += 1
+    chosen = runs / f"{first.name}-{n}"
+    return chosen, (f"{first} holds a run already: this one goes to {chosen} (--out-dir picks the folder, "
+                    f"--overwrite starts {first} again)")
+
+
 def check_tokenizer(state: dict, tok_hash: str | None, path: str | Path) -> None:
     saved = state.get("tokenizer_hash")
     if saved is not None and tok_hash is not None and saved != tok_hash:
@@ -558,7 +581,10 @@ def main(argv: list[str] | None = None) -> dict:
     args.vocab_size = json.loads((data_dir / "meta.json").read_text())["vocab_size"]
     fields, init = (None, None) if args.resume else new_config(args, tok_hash)  # a new run's model, checked now
     args.rope = args.rope or bool(fields and fields["rope"])  # --init-from a rope model: a rope run
-    out_dir = Path(args.out_dir or Path("checkpoints") / run_name(args))
+    out_dir, note = run_dir(args)
+    args.out_dir = str(out_dir)  # the folder used, in the checkpoint's args and the summary
+    if note and master:
+        print(note)
     reads = {"--init-from": args.init_from and checkpoint_path(args.init_from), "--data-dir": data_dir}
     claim(out_dir, "checkpoint", "--out-dir", resume=args.resume, overwrite=args.overwrite, reads=reads)
     if args.json:

@@ -487,3 +487,25 @@ def test_another_tokenizers_data_is_refused_on_resume_and_init_from(root, tmp_pa
     with pytest.raises(SystemExit, match="trained with tokenizer another"):
         train(root, "u", "--max-steps", "1", "--init-from", str(root / "t"))
     assert read_checkpoint(root / "t")["tokenizer_hash"] == "another" and not (root / "u" / "ckpt.pt").exists()
+
+
+def test_the_episode_command_after_the_main_job_trains_beside_its_run(data_dir, tmp_path, monkeypatch, capsys):
+    """`pretrain.py --rope` typed after the main job: checkpoints/pretrain-rope holds the main job's
+    run, so the new run goes to pretrain-rope-2, then -3; --resume continues the newest; the main
+    job's run is left as it was."""
+    monkeypatch.chdir(tmp_path)
+    flags = [*TINY, "--rope", "--data-dir", str(data_dir), "--runs-dir", "runs", "--max-steps", "2"]
+    pretrain.main([*flags, "--out-dir", "checkpoints/pretrain-rope"])  # the main job's run
+    main_job = (tmp_path / "checkpoints" / "pretrain-rope" / "ckpt.pt").read_bytes()
+    capsys.readouterr()
+    for n in (2, 3):
+        summary = pretrain.main(flags)
+        assert summary["args"]["out_dir"] == f"checkpoints/pretrain-rope-{n}"
+        assert (tmp_path / "checkpoints" / f"pretrain-rope-{n}" / "ckpt.pt").exists()
+        assert capsys.readouterr().out.splitlines()[0] == (
+            f"checkpoints/pretrain-rope holds a run already: this one goes to checkpoints/pretrain-rope-{n} "
+            "(--out-dir picks the folder, --overwrite starts checkpoints/pretrain-rope again)")
+    resumed = pretrain.main([*flags[:-1], "4", "--resume"])
+    assert resumed["args"]["out_dir"] == "checkpoints/pretrain-rope-3" and resumed["steps"] == 4
+    assert (tmp_path / "checkpoints" / "pretrain-rope" / "ckpt.pt").read_bytes() == main_job
+    assert not (tmp_path / "checkpoints" / "pretrain-rope-4").exists()
