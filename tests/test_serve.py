@@ -356,6 +356,7 @@ def test_the_page_writes_40_tokens_and_draws_the_cache_in_chromium(server):
             page.on("pageerror", lambda e: problems.append(str(e)))
             page.on("request", lambda r: asked.append(r.url))
             page.goto(base)
+            page.wait_for_selector("body[data-ready=yes]", state="attached")
             check_the_write_view(page, app)
             page.click("button[data-view=read]")
             page.click("#read-go")

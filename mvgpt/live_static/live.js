@@ -76,6 +76,10 @@ async function start() {
   for (const button of document.querySelectorAll("#tabs button")) {
     button.addEventListener("click", () => showView(button.dataset.view));
   }
+  // The forms never submit themselves (that would reload the page); they wait for the models' list.
+  $("write-form").addEventListener("submit", (e) => { e.preventDefault(); if (page.info) write(); });
+  $("read-form").addEventListener("submit", (e) => { e.preventDefault(); if (page.info) read(); });
+  $("angles-form").addEventListener("submit", (e) => e.preventDefault());
   try {
     page.info = await getJSON("api/info");
   } catch (e) {
@@ -95,10 +99,10 @@ async function start() {
   $("tokens").value = Math.min(600, limits.tokens);
   $("temperature").max = limits.temperature;
   $("top-k").max = vocab;
-  $("write-form").addEventListener("submit", (e) => { e.preventDefault(); write(); });
   $("write-stop").addEventListener("click", () => page.write && page.write.abort());
   setUpRead();
   setUpAngles();
+  document.body.dataset.ready = "yes"; // for scripts that drive the page (tests, screenshots)
 }
 
 function showView(name) {
@@ -356,7 +360,6 @@ function setUpRead() {
   };
   $("read-model").addEventListener("change", setMax);
   setMax();
-  $("read-form").addEventListener("submit", (e) => { e.preventDefault(); read(); });
   $("read-text").addEventListener("mousemove", showTooltip);
   $("read-text").addEventListener("mouseleave", () => { $("tooltip").hidden = true; });
   drawLegend();
@@ -478,8 +481,8 @@ function showTooltip(event) {
   }
   tip.textContent = text;
   tip.hidden = false;
-  tip.style.left = Math.min(event.clientX + 14, window.innerWidth - tip.offsetWidth - 8) + "px";
-  tip.style.top = (event.clientY + 16) + "px";
+  tip.style.left = Math.min(event.pageX + 14, document.documentElement.scrollWidth - tip.offsetWidth - 8) + "px";
+  tip.style.top = (event.pageY + 16) + "px"; // in the page, not the window: a full-page picture keeps it
 }
 
 // ---------------------------------------------------------------------------------------------
