@@ -115,11 +115,7 @@ def write_story(
     seed: int,
     tokenizer: Tokenizer,
 ) -> Iterator[TokenEvent]:
-    """generate's tokens, one TokenEvent each, with what its cache did to write it.
-
-    Cache positions count from the first token generate fed, the prompt's last window, so
-    story place = cache position + cut.
-    """
+    """generate's tokens, one TokenEvent each, with what its cache did to write it."""
     cut = max(0, len(prompt) - model.context)  # generate feeds the prompt cut to its last window
     idx = torch.tensor([prompt], device=model.wte.weight.device)
     text = tokenizer.stream()
@@ -131,20 +127,28 @@ def write_story(
                 t0 = time.perf_counter()
                 token = next(steps).item()  # .item() waits for the device: the time is the token's
                 ms = 1000 * (time.perf_counter() - t0)
-                cache = made[0]
-                drops, cache.drops = cache.drops, []
-                rerun = None
-                if before is not None and cache.position == before and not drops:  # the cache did not move
-                    story = len(prompt) + index  # the tokens generate had when it predicted this one
-                    rerun = (story - model.context, story)
-                before = cache.position
-                dropped = (drops[0][0] + cut, drops[-1][1] + cut) if drops else None
                 piece = text.add(token) + (text.flush() if index == tokens - 1 else "")
-                yield TokenEvent(name, index, token, piece, ms, cache.offset, cache.length,
-                                 cache.position, cache.capacity, (cache.position - cache.length + cut,
-                                 cache.position + cut), dropped, rerun)
+                cache = made[0]
+                rerun = index > 0 and cache.position == before and not cache.drops  # the cache did not move
+                before = cache.position
+                yield TokenEvent(name, index, token, piece, ms, **cache_state(cache, cut, len(prompt) + index,
+                                                                              model.context, rerun))
         finally:
             steps.close()
+
+
+def cache_state(cache: WatchedCache, cut: int, story: int, window: int, rerun: bool) -> dict:
+    """The cache's fields for a token's event, and what they mean in the story: the places it holds,
+    those `slide` dropped since the last token, and the window generate ran again (rerun).
+
+    Cache positions count from the first token generate fed, the prompt's last window, so a story
+    place is a cache position + cut; `story` is how many tokens generate had when it predicted this one.
+    """
+    drops, cache.drops = cache.drops, []
+    return {"offset": cache.offset, "length": cache.length, "position": cache.position, "capacity": cache.capacity,
+            "held": (cache.position - cache.length + cut, cache.position + cut),
+            "dropped": (drops[0][0] + cut, drops[-1][1] + cut) if drops else None,
+            "rerun": (story - window, story) if rerun else None}
 
 
 def interleave(streams: list[Iterator[TokenEvent]]) -> Iterator[TokenEvent]:

@@ -95,6 +95,8 @@ async function start() {
     if (m.rope) $("angles-model").append(el("option", { value: m.name }, m.name));
   }
   $("prompt").maxLength = limits.prompt_chars;
+  $("prompt-limit").textContent = `(up to ${limits.prompt_chars.toLocaleString("en")} characters)`;
+  $("tokens-limit").textContent = `(up to ${limits.tokens.toLocaleString("en")})`;
   $("tokens").max = limits.tokens;
   $("tokens").value = Math.min(600, limits.tokens);
   $("temperature").max = limits.temperature;
