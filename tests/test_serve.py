@@ -1,0 +1,371 @@
+"""scripts/serve.py: the live page's server on tiny checkpoints, through real HTTP, and the page itself
+in headless Chromium (skipped, with the reason, where none can be had)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+import context
+import pytest
+import serve
+import torch
+from conftest import ROOT, sharpen, tiny_model
+
+from mvgpt.checkpoint import save_checkpoint
+from mvgpt.data import data_tokenizer_hash, load_tokens
+from mvgpt.errors import UserError
+from mvgpt.model import KVCache
+from mvgpt.tokenizer import Tokenizer
+
+W = 16  # conftest's tiny window
+
+
+@pytest.fixture(scope="module")
+def checkpoints(data_dir, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("checkpoints")
+    h = data_tokenizer_hash(data_dir)
+    save_checkpoint(folder / "tiny-rope", sharpen(tiny_model(vocab_size=300, rope=True)), tokenizer_hash=h)
+    save_checkpoint(folder / "tiny", sharpen(tiny_model(1, vocab_size=300)), tokenizer_hash=h)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def server(checkpoints, data_dir):
+    args = serve.parser().parse_args([str(checkpoints / "tiny-rope"), str(checkpoints / "tiny"), "--data-dir",
+                                      str(data_dir), "--device", "cpu", "--max-tokens", "2000"])
+    srv = serve.make_server(serve.load_app(args), "127.0.0.1", 0)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+def get(srv, path: str, host: str | None = None) -> tuple[int, dict, bytes]:
+    conn = http.client.HTTPConnection(*srv.server_address[:2], timeout=180)
+    conn.putrequest("GET", path, skip_host=host is not None)
+    if host is not None:
+        conn.putheader("Host", host)
+    conn.endheaders()
+    response = conn.getresponse()
+    body = response.read()
+    conn.close()
+    return response.status, dict(response.getheaders()), body
+
+
+def events(body: bytes) -> list[tuple[str, dict]]:
+    """A server-sent event stream's (event, data) pairs; comment lines are skipped."""
+    out = []
+    for block in body.decode().split("\n\n"):
+        lines = dict(line.split(": ", 1) for line in block.split("\n") if line and not line.startswith(":"))
+        if "data" in lines:
+            out.append((lines["event"], json.loads(lines["data"])))
+    return out
+
+
+def generated(model, tokenizer: Tokenizer, prompt: str, n: int, temperature: float, top_k: int, seed: int) -> list[int]:
+    idx = torch.tensor([tokenizer.encode(prompt)])
+    return [t.item() for t in model.generate(idx, n, temperature, top_k, seed)]
+
+
+def wait_until_free(app, seconds: float = 30) -> None:
+    end = time.monotonic() + seconds
+    while app.lock.locked() and time.monotonic() < end:
+        time.sleep(0.02)
+    assert not app.lock.locked(), "the models are still held"
+
+
+# ----------------------------------------------------------------------------------------------
+# What the page gets
+
+
+def test_info_lists_the_models_and_the_limits(server):
+    status, _, body = get(server, "/api/info")
+    info = json.loads(body)
+    assert status == 200 and [(m["name"], m["rope"], m["window"], m["capacity"]) for m in info["models"]] == [
+        ("tiny-rope", True, W, 2 * W), ("tiny", False, W, 2 * W)]
+    assert info["limits"]["tokens"] == 2000 and info["models"][0]["pairs"] == 8
+
+
+def test_the_write_stream_is_generates_tokens_side_by_side(server):
+    app = server.app
+    status, headers, body = get(server, "/api/write?models=tiny-rope,tiny&prompt=Lily%20saw&tokens=40"
+                                        "&temperature=0.9&top_k=30&seed=5")
+    got = events(body)
+    assert status == 200 and headers["Content-Type"] == "text/event-stream"
+    assert got[0] == ("start", {"prompt": serve.live.token_texts(app.tokenizer, app.tokenizer.encode("Lily saw")),
+                                "models": ["tiny-rope", "tiny"]})
+    tokens = [data for name, data in got if name == "token"]
+    assert [t["model"] for t in tokens] == ["tiny-rope", "tiny"] * 40
+    for name, model in app.models.items():
+        mine = [t for t in tokens if t["model"] == name]
+        assert [t["token"] for t in mine] == generated(model, app.tokenizer, "Lily saw", 40, 0.9, 30, 5)
+        assert got[-1][0] == "done" and got[-1][1][name] == {"tokens": 40, "first_ms": mine[0]["ms"],
+                                                             "median_ms": statistics.median(t["ms"] for t in mine[1:])}
+        assert model.new_cache is KVCache
+    rope, learned = ([t for t in tokens if t["model"] == name] for name in ("tiny-rope", "tiny"))
+    assert sum(t["dropped"] is not None for t in rope) == 40 - 1 - (W - 3) and all(t["rerun"] is None for t in rope)
+    assert sum(t["rerun"] is not None for t in learned) == 40 - 1 - (W - 3) and all(t["position"] <= W for t in learned)
+    assert app.runs[-1] == {"request": {"prompt": "Lily saw", "models": ("tiny-rope", "tiny"), "temperature": 0.9,
+                                        "top_k": 30, "tokens": 40, "seed": 5}, "tokens": 80, "stopped": None}
+
+
+@pytest.mark.parametrize("model", ["tiny-rope", "tiny"])
+def test_the_read_view_is_context_pys_losses_on_context_pys_piece(server, data_dir, model):
+    app = server.app
+    status, _, body = get(server, f"/api/read?model={model}&piece=2")
+    got = events(body)
+    piece = torch.from_numpy(load_tokens(data_dir, "val")[2 * 3 * W : 3 * 3 * W].astype("int64"))[None]
+    assert status == 200 and got[0][0] == "piece" and got[-1] == ("done", {})
+    assert got[0][1]["tokens"] == serve.live.token_texts(app.tokenizer, piece[0].tolist())
+    scored = {data["method"]: data for name, data in got if name == "scored"}
+    m = app.models[model]
+    expected = {"sliding window": context.window_losses(m, piece)}
+    if model == "tiny-rope":
+        expected |= {"sliding cache": context.cache_losses(m, piece), "full context": context.full_losses(m, piece)}
+    assert list(scored) == list(expected) == got[0][1]["methods"]
+    for method, losses in expected.items():
+        assert scored[method]["losses"] == losses.tolist() and scored[method]["mean"] == losses.mean().item()
+    again = events(get(server, f"/api/read?model={model}&piece=2")[2])  # the second time, from memory
+    assert [d["losses"] for n, d in again if n == "scored"] == [d["losses"] for d in scored.values()]
+
+
+def test_the_angles_view_is_live_angles_view(server):
+    status, _, body = get(server, "/api/angles?model=tiny-rope&ctx=48&pair=3")
+    config = server.app.models["tiny-rope"].config
+    assert status == 200 and json.loads(body) == json.loads(json.dumps(serve.live.angles_view(config, 48, 3)))
+
+
+# ----------------------------------------------------------------------------------------------
+# Edges
+
+
+@pytest.mark.parametrize("path, status, message", [
+    ("/api/write?models=tiny&prompt=" + "a" * 2001, 400, "prompt: 2,001 characters is over the limit of 2,000"),
+    ("/api/write?models=gpt-4", 400, "unknown model 'gpt-4': this server has tiny-rope, tiny"),
+    ("/api/write?models=tiny&temperature=warm", 400, "temperature: 'warm' is not a number"),
+    ("/api/write?models=tiny&top_k=-3", 400, "top_k: -3 is out of range: give a whole number from 1 to 300"),
+    ("/api/write?models=tiny&tokens=2001", 400, "tokens: 2001 is out of range: give a whole number from 1 to 2,000"),
+    ("/api/write?models=tiny&seed=x", 400, "seed: 'x' is not a number"),
+    ("/api/read?model=tiny-rope,tiny", 400, "one model at a time here, not 2"),
+    ("/api/read?model=tiny&piece=999999", 400, "piece: 999999 is out of range"),
+    ("/api/angles?model=tiny", 400, "tiny has learned positions: it has no rotary angles"),
+    ("/api/angles?model=tiny-rope&ctx=8", 400, "ctx: 8 is out of range: give a whole number from 16 to 256"),
+    ("/api/angles?model=tiny-rope&pair=8", 400, "pair: 8 is out of range: give a whole number from 0 to 7"),
+    ("/api/nothing", 404, "no such page: /api/nothing"),
+])
+def test_a_bad_request_is_answered_with_one_line(server, path, status, message):
+    got, _, body = get(server, path)
+    assert got == status and json.loads(body)["error"].startswith(message)
+
+
+@pytest.mark.parametrize("path", ["/../scripts/serve.py", "/%2e%2e/mvgpt/live.py", "/..%2fmvgpt%2flive.py",
+                                  "/live_static/index.html", "//etc/passwd", "/index.html/../../serve.py",
+                                  "/static/../../pyproject.toml", "/live.js%00.html"])
+def test_only_the_pages_own_files_are_served(server, path):
+    status, _, body = get(server, path)
+    assert status == 404 and b"no such page" in body
+
+
+def test_the_page_and_its_files_are_served_with_a_policy_of_its_own_files_only(server):
+    for path, kind, name in [("/", "text/html", "index.html"), ("/live.js", "text/javascript", "live.js"),
+                             ("/live.css", "text/css", "live.css"), ("/favicon.svg", "image/svg+xml", "favicon.svg")]:
+        status, headers, body = get(server, path)
+        assert status == 200 and headers["Content-Type"].startswith(kind)
+        assert body == (ROOT / "mvgpt" / "live_static" / name).read_bytes()
+        assert headers["Content-Security-Policy"] == "default-src 'self'"
+    html = (ROOT / "mvgpt" / "live_static" / "index.html").read_text()
+    assert "http://" not in html and "https://" not in html  # nothing from the network
+
+
+def test_a_page_from_another_host_name_is_refused(server):
+    port = server.server_address[1]
+    assert get(server, "/api/info", host=f"evil.example:{port}")[0] == 403  # DNS rebinding
+    assert get(server, "/api/info", host=f"localhost:{port}")[0] == 200
+
+
+def test_a_page_that_leaves_mid_story_stops_the_generation(server):
+    app = server.app
+    wait_until_free(app)
+    with socket.create_connection(server.server_address[:2], timeout=30) as s:
+        s.sendall(b"GET /api/write?models=tiny&tokens=2000 HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        received = b""
+        while b"event: token" not in received:
+            received += s.recv(4096)
+    wait_until_free(app)
+    run = app.runs[-1]
+    assert run["request"]["tokens"] == 2000 and run["stopped"] == "the page left" and run["tokens"] < 2000
+    assert app.models["tiny"].new_cache is KVCache
+    assert get(server, "/api/info")[0] == 200  # and the server goes on
+
+
+def test_a_second_page_waits_with_a_message_then_gets_its_story(server):
+    app = server.app
+    wait_until_free(app)
+    answer = {}
+    app.lock.acquire()  # another page is writing
+    try:
+        thread = threading.Thread(target=lambda: answer.update(got=get(server, "/api/write?models=tiny-rope&tokens=5"
+                                                                                "&seed=2&temperature=0")))
+        thread.start()
+        time.sleep(1.0)
+        assert thread.is_alive()  # waiting
+    finally:
+        app.lock.release()
+    thread.join(60)
+    got = events(answer["got"][2])
+    assert got[0] == ("wait", {"message": "another page is using the models: this one starts when it is done"})
+    assert [d["token"] for n, d in got if n == "token"] == generated(app.models["tiny-rope"], app.tokenizer,
+                                                                     "Once upon a time", 5, 0.0, 50, 2)
+
+
+def test_two_pages_at_once_both_get_their_stories(server):
+    answers = [{}, {}]
+    threads = [threading.Thread(target=lambda a=a, m=m: a.update(got=get(server, f"/api/write?models={m}&tokens=60")))
+               for a, m in zip(answers, ["tiny-rope", "tiny"], strict=True)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    for a in answers:
+        got = events(a["got"][2])
+        assert sum(n == "token" for n, _ in got) == 60 and got[-1][0] == "done"
+
+
+# ----------------------------------------------------------------------------------------------
+# Starting and stopping
+
+
+def test_it_listens_on_localhost_unless_told(server, checkpoints, data_dir):
+    args = serve.parser().parse_args([str(checkpoints / "tiny"), "--data-dir", str(data_dir)])
+    assert args.host == "127.0.0.1" and args.port == 8000
+    assert server.server_address[0] == "127.0.0.1" and server.local_only
+    wide = serve.make_server(server.app, "0.0.0.0", 0)
+    assert not wide.local_only  # asked for: other machines, under any name
+    wide.server_close()
+
+
+def test_a_port_in_use_is_one_line(server):
+    with pytest.raises(UserError, match=r"^error: cannot listen on 127.0.0.1:\d+ \(Address already in use\): pick "
+                                        "another --port"):
+        serve.make_server(server.app, "127.0.0.1", server.server_address[1])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--port", "70000"], "--port: 70000 is out of range: give a whole number from 0 to 65535"),
+    (["--max-tokens", "0"], "--max-tokens: 0 is out of range"),
+])
+def test_bad_flags_are_one_line(checkpoints, argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        serve.main([str(checkpoints / "tiny"), *argv])
+    assert e.value.code == 2 and capsys.readouterr().err.startswith(f"error: argument {message}")
+
+
+def test_a_checkpoint_that_does_not_load_is_one_line_and_exit_1(checkpoints, data_dir, tmp_path):
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "ckpt.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(SystemExit) as e:
+        serve.main([str(checkpoints / "tiny"), str(tmp_path / "broken"), "--data-dir", str(data_dir)])
+    assert str(e.value.code).startswith("error: checkpoint ") and "truncated or corrupt" in str(e.value.code)
+    assert "\n" not in str(e.value.code)  # SystemExit with a message: printed as one line, exit status 1
+    with pytest.raises(SystemExit, match="two checkpoints are named tiny"):
+        serve.main([str(checkpoints / "tiny"), str(checkpoints / "tiny" / "ckpt.pt"), "--data-dir", str(data_dir)])
+
+
+def test_the_command_says_its_address_in_one_line_and_ctrl_c_stops_it(checkpoints, data_dir):
+    child = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "serve.py"), str(checkpoints / "tiny-rope"),
+                              "--data-dir", str(data_dir), "--device", "cpu", "--port", "0"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                             env=dict(os.environ, PYTHONPATH=str(ROOT)))  # this checkout's mvgpt
+    try:
+        line = child.stdout.readline()
+        assert line.startswith("serving http://127.0.0.1:") and line.endswith("/ (Ctrl-C stops it)\n")
+        port = int(line.split(":")[2].split("/")[0])
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.request("GET", "/api/info")
+        assert conn.getresponse().status == 200
+        child.send_signal(signal.SIGINT)
+        out, err = child.communicate(timeout=30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    assert child.returncode == 0 and out == "stopped\n" and err == ""
+
+
+# ----------------------------------------------------------------------------------------------
+# The page in a real browser
+
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+
+
+def chromium() -> str:
+    """Debian's chromium and the Playwright driver, or skip saying which is missing."""
+    path = shutil.which("chromium") or shutil.which("chromium-browser")
+    if path is None:
+        pytest.skip("no chromium on PATH: apt-get install -y chromium")
+    pytest.importorskip("playwright.sync_api", reason="no Playwright driver: pip install -e '.[dev]'")
+    return path
+
+
+def check_the_write_view(page, app) -> None:
+    """40 tokens written: each column's text is generate's, its cache drawn as its fields say."""
+    page.fill("#tokens", "40")
+    page.fill("#seed", "11")
+    page.click("#write-go")
+    page.wait_for_selector("#write[data-state=done]", timeout=180_000)
+    P = len(app.tokenizer.encode("Once upon a time"))
+    for name, model in app.models.items():
+        column = page.locator(f'.column[data-model="{name}"]')
+        want = app.tokenizer.decode(generated(model, app.tokenizer, "Once upon a time", 40, 0.8, 50, 11))
+        assert column.locator(".story").inner_text() == "Once upon a time" + want
+        numbers = column.locator(".numbers").first
+        assert numbers.get_attribute("data-position") == str(P + 39 if model.config.rope else W)
+        assert numbers.get_attribute("data-length") == str(W)
+        assert column.locator("svg.grid rect.held, svg.grid rect.newest").count() == W
+        assert column.locator(".ms-numbers").get_attribute("data-median") != ""
+        event = column.locator(".event").inner_text()
+        if model.config.rope:  # the last token slid the cache: its row is drawn as dropped
+            assert column.locator("svg.grid rect.dropped").count() == 1 and event.startswith("slide:")
+        else:  # the window ran again: the cache is drawn unused
+            assert column.locator("svg.grid.frozen").count() == 1 and event.startswith("re-run:")
+
+
+def test_the_page_writes_40_tokens_and_draws_the_cache_in_chromium(server):
+    from playwright.sync_api import sync_playwright
+
+    path, app = chromium(), server.app
+    wait_until_free(app)
+    base = f"http://127.0.0.1:{server.server_address[1]}/"
+    problems, asked = [], []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=path, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+            page.on("pageerror", lambda e: problems.append(str(e)))
+            page.on("request", lambda r: asked.append(r.url))
+            page.goto(base)
+            page.wait_for_selector("body[data-ready=yes]", state="attached")
+            check_the_write_view(page, app)
+            page.click("button[data-view=read]")
+            page.click("#read-go")
+            page.wait_for_selector("#read[data-state=done]", state="attached", timeout=180_000)
+            assert page.locator("#read-text span").count() == 3 * W and page.locator("#read-means tr").count() == 4
+            page.click("button[data-view=angles]")
+            page.wait_for_selector("#angles[data-state=drawn]", state="attached", timeout=180_000)
+            assert page.locator("#speeds polyline").count() == 4 and page.locator("#arrow line.arrow").count() == 4
+        finally:
+            browser.close()
+    assert problems == []  # no console error, no exception on the page
+    assert all(url.startswith(base) for url in asked)  # nothing from the network
