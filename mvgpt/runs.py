@@ -121,7 +121,8 @@ def load_source(source: ModelSource, device: torch.device | str, tokenizer_hash:
 def read_models(paths: list[str], device: torch.device | str,
                 tokenizer_hash: str | None = None) -> list[tuple[str, GPT]]:
     """(name, model) for every model the paths hold, for a reading script. What holds none, or
-    cannot be read (corrupt, another tokenizer), is told in one line; none at all is an error."""
+    cannot be read (corrupt, another tokenizer), is told in one line; none at all is an error
+    that gives the reasons."""
     models, skipped = find_models(paths, tokenizer_hash)
     loaded = []
     for source in models:
@@ -129,9 +130,8 @@ def read_models(paths: list[str], device: torch.device | str,
             loaded.append((source.name, load_source(source, device, tokenizer_hash)))
         except CheckpointError as e:
             skipped.append(f"{source.given} ({reason(e)})")
+    if not loaded:  # nothing to read: the reasons are the error
+        raise CheckpointError("no model to read: " + "; ".join(skipped))
     if skipped:
         print(f"skipped {len(skipped)}: " + "; ".join(skipped))
-    if not loaded:
-        raise CheckpointError(f"no model to read in {' '.join(paths)}: give run folders with a checkpoint "
-                              "(train one with `python scripts/pretrain.py`)")
     return loaded

@@ -63,7 +63,8 @@ CASES: list[Case] = [
     Case("prepare", "--source latin1.txt", "is not UTF-8 text", "a source in another encoding"),
     Case("prepare", "--source notes.txt", "no <|endoftext|> separators"),
     # pretrain: a run folder is someone's work
-    Case("pretrain", "--max-steps 1", "holds a run (ckpt.pt) already", "forgetting --resume"),
+    Case("pretrain", "--max-steps 1 --out-dir checkpoints/pretrain", "holds a run (ckpt.pt) already",
+         "forgetting --resume"),
     Case("pretrain", "--rope --max-steps 0", "--max-steps 0 must be at least 1"),
     Case("pretrain", "--rope --minutes -1", "--minutes -1.0 must be at least 0"),
     Case("pretrain", "--rope --minutes nan", "--minutes nan is not a finite number"),
@@ -92,7 +93,7 @@ CASES: list[Case] = [
     # evaluate
     Case("evaluate", "checkpoints/pretrain --tokens 0", "--tokens: 0 is out of range"),
     Case("evaluate", "checkpoints/pretrain --batch-size 0", "--batch-size: 0 is out of range"),
-    Case("evaluate", "checkpoints/missing", "no checkpoint at checkpoints/missing: train one"),
+    Case("evaluate", "checkpoints/missing", "nothing at checkpoints/missing: give a run folder"),
     Case("evaluate", "corrupt.pt", "truncated or corrupt"),
     Case("evaluate", "other-tokenizer.pt", "was trained with tokenizer 0123456789abcdef"),
     Case("evaluate", "crafted.pt", "which no model can have", "a crafted config"),
@@ -121,7 +122,8 @@ CASES: list[Case] = [
     Case("context", "checkpoints/pretrain --streams 0", "--streams: 0 is out of range"),
     Case("context", "checkpoints/pretrain --length 8", "does not reach past any model's window"),
     Case("context", "checkpoints/pretrain --json notes.txt/c.json", "notes.txt is a file, not a folder"),
-    Case("context", "checkpoints/missing", "no checkpoint at checkpoints/missing: train one"),
+    Case("context", "checkpoints/missing", "nothing at checkpoints/missing: give a run folder"),
+    Case("context", "data", "no model to read: data (no checkpoint or LoRA adapter in it)", "a folder with no model"),
     Case("long_context", "checkpoints/pretrain-rope --sinks -1", "--sinks: -1 is out of range"),
     Case("long_context", "checkpoints/pretrain-rope --ctx 0", "--ctx: 0 is out of range"),
     Case("long_context", "checkpoints/pretrain-rope --ctx 32 --rope-factor 0", "--rope-factor: 0 is out of range"),

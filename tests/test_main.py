@@ -106,9 +106,16 @@ def test_a_measurement_is_up_to_date_when_newer_than_every_checkpoint_it_reads(t
     from mvgpt.checkpoint import save_checkpoint
 
     out = tmp_path / "evaluate.json"
-    assert not main.up_to_date(out, [tmp_path / "a"])
+    data = tmp_path / "data"  # no meta.json: only the checkpoints count
+    assert not main.up_to_date(out, [tmp_path / "a"], data)
     save_checkpoint(tmp_path / "a", tiny_model(), step=1)
     out.write_text("{}")
-    assert main.up_to_date(out, [tmp_path / "a"]) and not main.up_to_date(out, [tmp_path / "a", tmp_path / "b"])
+    assert main.up_to_date(out, [tmp_path / "a"], data)
+    assert not main.up_to_date(out, [tmp_path / "a", tmp_path / "b"], data)
+    data.mkdir()
+    (data / "meta.json").write_text("{}")  # the data prepared again, after the measurement
+    os.utime(data / "meta.json", (out.stat().st_mtime + 5,) * 2)
+    assert not main.up_to_date(out, [tmp_path / "a"], data)
+    (data / "meta.json").unlink()
     os.utime(out, (0, 0))  # older than the checkpoint
-    assert not main.up_to_date(out, [tmp_path / "a"])
+    assert not main.up_to_date(out, [tmp_path / "a"], data)
