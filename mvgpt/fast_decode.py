@@ -191,10 +191,12 @@ class FastDecode:
 # ----------------------------------------------------------------------------------------------
 # Where it pays: the time it saves against the time it takes to compile
 
-# Measured side by side by dev/decode_vs_llama.py on an AMD EPYC (AVX512-BF16, no AMX), 1 thread:
-# (eager ms/token, compiled ms/token, seconds to compile with inductor's on-disk cache warm). On that
-# CPU compiling pays after about 3,000 tokens; a story of a few hundred never gets there.
-MEASURED = {"float32": (4.4, 2.1, 6.5), "bfloat16": (3.6, 1.4, 6.5)}
+# Measured side by side by dev/decode_vs_llama.py on an AMD EPYC (AVX512-BF16, no AMX), 2 threads
+# (results/amd-epyc/decode.json): (eager ms/token, compiled ms/token, seconds to compile). Compiling took
+# 0.5 to 2.5 s with inductor's on-disk cache warm and 26 s with it empty on a busy host; 10 s stands
+# between the two. So compiling pays after about 4,000 tokens in float32 and 6,000 in bf16: not for a
+# story of a few hundred, and for context.py's eight streams of three windows.
+MEASURED = {"float32": (4.35, 1.70, 10.0), "bfloat16": (2.63, 0.95, 10.0)}
 
 
 def break_even_tokens(eager_ms: float, fast_ms: float, warmup_s: float) -> float | None:
