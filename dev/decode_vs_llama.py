@@ -169,13 +169,21 @@ def time_by_part(engine: Ours, ms: float, steps: int = 20) -> dict[str, float]:
 
 def race(engines: dict[str, Ours | LlamaCpp], rounds: int, steps: int, cpu: bool) -> dict[str, dict]:
     """Each engine writes `steps` tokens in turn, `rounds` rounds: per engine, ms per token each round (and
-    the CPU time, when one thread runs it all)."""
+    the CPU time, when one thread runs it all). Before each turn the processor's caches are filled with
+    something else, so that no engine starts with the weights another left there (two bytes a weight,
+    the model nearly fits a 32 MB last-level cache). Each round starts with the next engine, so each
+    follows each other one as often: the one before leaves its threads spinning a while, waiting for
+    more work, and the clock may have slowed or sped up."""
     out = {name: {"ms": [], "cpu_ms": []} for name in engines}
+    other = torch.ones(64 * 2**20 // 4)  # larger than any last-level cache of a CPU with few cores
     for engine in engines.values():  # one round unmeasured: caches, pages, the first call of each kernel
         for _ in range(steps):
             engine.step()
-    for _ in range(rounds):
-        for name, engine in engines.items():
+    names = list(engines)
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            engine = engines[name]
+            other.sum()
             t0, c0 = time.perf_counter(), time.process_time()
             for _ in range(steps):
                 engine.step()

@@ -46,9 +46,12 @@ from mvgpt.precision import dtype_name
 # Inductor inlines cheap elementwise work into the loop that reads it. Into a matrix-vector product's
 # loop over the weights that means the norm, or the GELU, before it is computed again for every
 # output row (384 to 8192 times): writing anything of more than 8 operations to memory first made
-# the step's products 1.7 times faster in float32 and 2.5 times in bf16 (1 thread, AMD EPYC). And
-# a multiply and an add in one instruction (FMA, one rounding instead of two): bf16's loop 1.2 times.
-INDUCTOR_OPTIONS = {"realize_opcount_threshold": 8, "cpp.enable_floating_point_contract_flag": "fast"}
+# the step's products 1.7 times faster in float32 and 2.5 times in bf16 (1 thread, AMD EPYC). A
+# multiply and an add in one instruction (FMA, one rounding instead of two): bf16's loop 1.2 times.
+# And every loop split among the threads: by default a loop of under 512 elements runs on one
+# thread while the others wait at its end, attention over the 6 heads among them.
+INDUCTOR_OPTIONS = {"realize_opcount_threshold": 8, "cpp.enable_floating_point_contract_flag": "fast",
+                    "cpp.min_chunk_size": 1}
 
 
 Pair = tuple[torch.Tensor, torch.Tensor | None]  # a layer's weight and bias
@@ -193,10 +196,10 @@ class FastDecode:
 
 # Measured side by side by dev/decode_vs_llama.py on an AMD EPYC (AVX512-BF16, no AMX), 2 threads
 # (results/amd-epyc/decode.json): (eager ms/token, compiled ms/token, seconds to compile). Compiling took
-# 0.5 to 2.5 s with inductor's on-disk cache warm and 26 s with it empty on a busy host; 10 s stands
-# between the two. So compiling pays after about 4,000 tokens in float32 and 6,000 in bf16: not for a
+# 0.5 to 2 s with inductor's on-disk cache warm and 26 s with it empty on a busy host; 10 s stands
+# between the two. So compiling pays after about 3,500 tokens in float32 and 6,000 in bf16: not for a
 # story of a few hundred, and for context.py's eight streams of three windows.
-MEASURED = {"float32": (4.35, 1.70, 10.0), "bfloat16": (2.63, 0.95, 10.0)}
+MEASURED = {"float32": (4.39, 1.56, 10.0), "bfloat16": (2.57, 0.91, 10.0)}
 
 
 def break_even_tokens(eager_ms: float, fast_ms: float, warmup_s: float) -> float | None:
