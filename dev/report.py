@@ -41,6 +41,7 @@ TEN_MINUTES = {  # the episode's commands as a learner types them: ten minutes b
 OTHER_BENCHES = ("amd-epyc/bench.json",)  # scripts/bench.py on another CPU, set beside results/bench.json
 LINEAR_PRODUCTS = {"linear_products.json": "linear-products",  # dev/linear_products.py on each CPU: its table
                    "amd-epyc/linear_products.json": "linear-products-amd-epyc"}
+DECODE = ("decode.json", "amd-epyc/decode.json")  # dev/decode_vs_llama.py on each CPU kind measured
 Draw = Callable  # draw(plt) -> a matplotlib figure
 SPEEDS = ("Two speeds: the median step's tokens/s, the training step alone, and tokens over the run's wall time, "
           "which also counts the evaluations every 25 steps, the checkpoints and, compiled, the first step's "
@@ -768,6 +769,41 @@ def llama_cpp(r: dict) -> dict:
             "llama-cpp-perplexity": perplexity}
 
 
+def decode(r: dict) -> dict:
+    """dev/decode_vs_llama.py: ms/token of our steps and llama.cpp's, side by side, each against its floor;
+    a table per CPU kind, and our steps' time by part."""
+    runs = [(n, r[n]) for n in DECODE if n in r]
+    if not runs:
+        return {"decode": PLACEHOLDER.format(missing=" or ".join(DECODE))}
+    text = ""
+    for name, d in runs:
+        llama = f"llama.cpp through llama-cpp-python {d['llama_cpp']}" if d.get("llama_cpp") else "no llama.cpp"
+        text += (head((name, d)) + f"Weights: {d['weights']}; {d['held']} tokens held, then one written per step "
+                 f"(so each attends to {d['held'] + 1}), {d['rounds']} rounds of {d['steps']} steps per engine in "
+                 f"turn, the median; {llama}. The floor: the bytes a step reads at "
+                 f"{max(v for k, v in d['ceilings'].items() if k.startswith('read_bandwidth')) / 1e9:.1f} GB/s "
+                 "(the re-run window's: its flops at the matrix-product peak of its dtype and threads).")
+        text += f" Note: {d['note']}\n\n" if d.get("note") else "\n\n"
+        rows = []
+        for x in d["rows"]:
+            how = x["step"] + (f" ({x['warmup_s']:.1f} s to compile)" if x.get("warmup_s") else "")
+            floor = x.get("floor_ms", x.get("compute_floor_ms"))
+            rows.append([x["threads"], x["engine"], how, x["weights"] if x["step"] == "re-run window" else
+                         f"{x['weights']}, KV {x['kv']}", f"{x['ms']:.2f}",
+                         f"{x['cpu_ms']:.2f}" if "cpu_ms" in x else "–", f"{floor:.2f}", f"{x['over_floor']:.2f}×",
+                         f"{x['over_llama_cpp']:.2f}×" if "over_llama_cpp" in x else "–"])
+        text += table(["threads", "engine", "step", "weights", "ms/token", "CPU ms/token", "floor ms", "× floor",
+                       "× llama.cpp"], rows, "rlll") + "\n"
+        for threads, profiles in d["profiles"].items():
+            parts = list(dict.fromkeys(p for prof in profiles.values() for p in prof))
+            text += (f"Our steps' time by part, {threads} thread{'s' if threads != '1' else ''}, ms per token "
+                     "(the profiler's self time of each part's operations; outside them: Python, dispatch and "
+                     "the profiler's own):\n\n")
+            cells = [[p, *(f"{prof[p]:.3f}" if p in prof else "–" for prof in profiles.values())] for p in parts]
+            text += table(["part", *profiles], cells) + "\n"
+    return {"decode": text}
+
+
 def ours(r: dict, where: str) -> float | None:
     """Our figure for an episode one: "file:model:method:field" (a row), "file:@step:field" (an evaluation of a
     run), "file::field" (the file's own), or "A / B" and "A - B" of two of those. None if not measured."""
@@ -1032,6 +1068,7 @@ OUTPUTS: list[tuple[tuple[str, ...], tuple[str, ...], Callable[[dict], dict], tu
     (("llama_cpp.json",), (), llama_cpp, ("llama-cpp", "llama-cpp-perplexity")),
     (("bench.json",), (), bench, ("bench", "bench-profiles", "bench-parts", "bench.png")),
     (("bench.json",), OTHER_BENCHES, bench_machines, ("bench-machines",)),
+    ((), DECODE, decode, ("decode",)),
     (("episode.json",), (*RUNS, *TEN_MINUTES, "evaluate.json", "context.json", "context-gpu.json"), episode,
      ("episode",)),
     ((), (), rope_speeds, ("rope-speeds",)),

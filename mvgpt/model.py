@@ -19,7 +19,8 @@ What episode 10 (RoPE) changed, in reading order:
 - `GPT.generate`: past the window, rope slides the cache; learned positions re-run the window.
 Reading past the training context (scaled angles, attention sinks, dynamic NTK) is not here: it
 lives in long_context.py (and rope_scaling.py), and enters through `GPT.angles` (a table it
-swaps in) and `GPT.new_cache` (a cache subclass generate then uses).
+swaps in) and `GPT.new_cache` (a cache subclass generate then uses). A compiled one-token step
+(fast_decode.py) enters through `GPT.decode`, the step generate takes for each new token.
 """
 
 from __future__ import annotations
@@ -324,6 +325,11 @@ class GPT(nn.Module):
             loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
         return logits, loss
 
+    def decode(self, token: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """One new token (B, 1) through the cache -> its logits (B, 1, vocab): generate's step (a hook:
+        mvgpt/fast_decode.py puts a compiled one in its place)."""
+        return self(token, cache=cache, last_only=True)[0]
+
     @torch.no_grad()
     def generate(
         self,
@@ -359,10 +365,10 @@ class GPT(nn.Module):
             yield next_token
             if cache is not None:
                 if cache.length < window:
-                    logits, _ = self(next_token, cache=cache, last_only=True)
+                    logits = self.decode(next_token, cache)
                 elif self.config.rope:
                     cache.slide(window - 1)
-                    logits, _ = self(next_token, cache=cache, last_only=True)
+                    logits = self.decode(next_token, cache)
                 else:  # learned positions past the window: re-run it in full
                     logits, _ = self(idx[:, -window:], last_only=True)
 

@@ -15,6 +15,7 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import torch
@@ -24,6 +25,7 @@ from mvgpt.cli import add_context_args, apply_context_args
 from mvgpt.data import DATA_DIR, data_tokenizer_hash, prepared_data
 from mvgpt.device import pick_device
 from mvgpt.errors import ArgumentParser, non_negative_float, non_negative_int, positive_int, run_main, seed
+from mvgpt.fast_decode import use_fast_decode
 from mvgpt.lora import load_adapter
 from mvgpt.precision import CHOICES as DTYPE_CHOICES
 from mvgpt.precision import resolve_dtype
@@ -57,6 +59,8 @@ def main(argv: list[str] | None = None) -> str:
     apply_context_args(model, args)  # --ctx: the window generate reads and slides
     ids = tokenizer.encode(args.prompt) or [tokenizer.eot]
     idx = torch.tensor([ids], device=device)
+    if model.config.rope and not args.no_cache and use_fast_decode(model, args.max_new_tokens):  # where it pays
+        print(f"(compiled the one-token step in {model.decode.warmup_s:.0f} s: mvgpt/fast_decode.py)", file=sys.stderr)
     print(args.prompt, end="", flush=True)
     stream, out = tokenizer.stream(), []  # whole characters only: a token can end inside one
     for token in model.generate(idx, args.max_new_tokens, args.temperature, args.top_k, args.seed, not args.no_cache):

@@ -673,3 +673,26 @@ def test_stories_table_marks_where_each_story_passes_the_window():
     assert "`pretrain` (learned positions, 30.2 ms a token on the machine above):\n\n" \
            "> Once upon a time, Tom \\*ran\\*. **[token 256: the window ends here]** The end. *(end of story)* " \
            "Lily\n> saw a cat.\n" in text
+
+
+def test_decode_table_sets_each_step_beside_llama_cpp_and_its_floor():
+    rows = [{"name": "mvGPT compiled, float32", "threads": 1, "engine": "mvGPT", "step": "compiled",
+             "weights": "float32", "kv": "float32", "ms": 2.25, "cpu_ms": 2.0, "floor_ms": 1.5, "over_floor": 1.5,
+             "warmup_s": 6.4, "over_llama_cpp": 1.125},
+            {"name": "llama.cpp, f32", "threads": 1, "engine": "llama.cpp", "step": "llama_decode", "weights": "f32",
+             "kv": "f32", "ms": 2.0, "cpu_ms": 1.9, "floor_ms": 1.5, "over_floor": 4 / 3},
+            {"name": "mvGPT re-run window, float32", "threads": 1, "engine": "mvGPT", "step": "re-run window",
+             "weights": "float32", "ms": 30.0, "compute_floor_ms": 20.0, "over_floor": 1.5}]
+    d = {"command": "python dev/decode_vs_llama.py", "machine": MACHINE, "weights": "random (seed 0)", "held": 255,
+         "rounds": 16, "steps": 8, "llama_cpp": "0.3.36", "ceilings": {"read_bandwidth": 40e9}, "rows": rows,
+         "note": "a busy host", "profiles": {"1": {"mvGPT compiled, float32": {"compiled graph": 1.9, "guards": 0.1}}}}
+    table = report.decode({"amd-epyc/decode.json": d})["decode"]
+    assert rows_of(table)[:4] == [
+        ["threads", "engine", "step", "weights", "ms/token", "CPU ms/token", "floor ms", "× floor", "× llama.cpp"],
+        ["1", "mvGPT", "compiled (6.4 s to compile)", "float32, KV float32", "2.25", "2.00", "1.50", "1.50×", "1.12×"],
+        ["1", "llama.cpp", "llama_decode", "f32, KV f32", "2.00", "1.90", "1.50", "1.33×", "–"],
+        ["1", "mvGPT", "re-run window", "float32", "30.00", "–", "20.00", "1.50×", "–"]]
+    assert rows_of(table)[-2:] == [["compiled graph", "1.900"], ["guards", "0.100"]]
+    assert table.startswith("From `results/amd-epyc/decode.json` (made by `python dev/decode_vs_llama.py`)")
+    assert "at 40.0 GB/s" in table and "Note: a busy host" in table and "llama-cpp-python 0.3.36" in table
+    assert "Not measured yet" in report.decode({})["decode"]
