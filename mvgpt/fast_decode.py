@@ -29,11 +29,7 @@ Examples:
 
 from __future__ import annotations
 
-import platform
-import shutil
-import sysconfig
 import time
-from pathlib import Path
 from typing import NamedTuple
 
 import torch
@@ -41,6 +37,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from mvgpt.model import GPT, MLP, Block, CausalSelfAttention, KVCache, rotate
+from mvgpt.perf import inductor_builds_here
 from mvgpt.precision import dtype_name
 
 # Inductor inlines cheap elementwise work into the loop that reads it. Into a matrix-vector product's
@@ -208,19 +205,12 @@ def break_even_tokens(eager_ms: float, fast_ms: float, warmup_s: float) -> float
     return warmup_s / saved_s if saved_s > 0 else None
 
 
-def can_compile(device: torch.device | str) -> bool:
-    """Whether inductor can build its C++ loops here: a CPU on Linux or macOS, a C++ compiler, Python's headers."""
-    return (torch.device(device).type == "cpu" and platform.system() in ("Linux", "Darwin")
-            and any(shutil.which(cxx) for cxx in ("g++", "c++", "clang++"))
-            and (Path(sysconfig.get_paths()["include"]) / "Python.h").exists())
-
-
 def fast_decode_pays(device: torch.device | str, dtype: torch.dtype, tokens: int,
                      measured: dict[str, tuple[float, float, float]] = MEASURED) -> bool:
     """Whether compiling the one-token step pays for itself over `tokens` steps on this device, by the
     figures `measured` for its dtype (eager ms, compiled ms, compile seconds). Not measured on a GPU."""
     figures = measured.get(dtype_name(dtype))
-    if figures is None or not can_compile(device):
+    if figures is None or not inductor_builds_here(device):
         return False
     tokens_needed = break_even_tokens(*figures)
     return tokens_needed is not None and tokens >= tokens_needed

@@ -13,14 +13,10 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
 from mvgpt.bench import sync
-
-if TYPE_CHECKING:  # for the type hints only
-    from mvgpt.model import GPT
 
 
 def time_it(
@@ -133,8 +129,13 @@ def compile_pays(device: torch.device | str, dtype: torch.dtype, seconds: float)
     there; nor on a CUDA GPU until dev/gpu_check.sh has measured it there (its choices.json: the
     compiled rope run's step speed over the eager one's, in the same minutes); ask with --compile.
     """
-    return (torch.device(device).type == "cpu" and dtype == torch.bfloat16 and seconds >= COMPILE_PAYS_AFTER_S
-            and platform.system() in ("Linux", "Darwin")  # elsewhere inductor wants another toolchain
+    return dtype == torch.bfloat16 and seconds >= COMPILE_PAYS_AFTER_S and inductor_builds_here(device)
+
+
+def inductor_builds_here(device: torch.device | str) -> bool:
+    """Whether torch.compile's inductor can build its C++ loops for this device: a CPU, on Linux or
+    macOS (elsewhere it wants another toolchain), with a C++ compiler and Python's headers."""
+    return (torch.device(device).type == "cpu" and platform.system() in ("Linux", "Darwin")
             and any(shutil.which(cxx) for cxx in ("g++", "c++", "clang++"))
             and (Path(sysconfig.get_paths()["include"]) / "Python.h").exists())
 
@@ -219,60 +220,3 @@ def kernel_names() -> Iterator[None]:
             yield
     finally:
         torch._dynamo.reset()
-
-
-# ----------------------------------------------------------------------------------------------
-# A compiled decoding step
-
-
-class _Traced(torch.nn.Module):
-    """A module of our own around another: torch.compile traces our modules' code but runs torch.nn's
-    own modules, compiled on their own, as they are (a compiled nn.Linear alone stays eager)."""
-
-    def __init__(self, inner: torch.nn.Module) -> None:
-        super().__init__()
-        self.inner = inner
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.inner(x)
-
-
-def compile_for_decoding(model: GPT) -> GPT:
-    """A copy of the model whose one-token steps with a cache run through torch.compile, compiled now.
-
-    What it buys on a CPU is inductor's own kernels for the matrix-vector products: with one token,
-    each linear layer multiplies a vector by a matrix, which the math library (MKL) runs at a
-    fraction of the memory's bandwidth on some AMD CPUs. Inductor's decompose_mm_pass turns a
-    product with one row into a multiply-and-sum, which it compiles into a vectorised C++ loop,
-    fused with the norms, GELU and additions around it. The logits are the same up to float
-    rounding (the sums are added in another order). A product with several rows (a prompt, a
-    batch) is left to the library, which is fast at those.
-
-    GPT.forward itself stays eager: its loop over the blocks holds the cache's writes, which stay
-    out of the graphs (KVCache.update), so each block compiles in pieces around them, and the
-    output layer on its own. Compiling takes seconds with inductor's on-disk cache warm, tens of
-    seconds cold; it happens here, one-token steps first, so that they get graphs of fixed shape
-    (a prompt read later gets its own). The original model stays as it was.
-    """
-    import copy
-
-    import torch._inductor.config as inductor_config
-
-    from mvgpt.model import KVCache
-
-    # the output layer (vocab x C) is larger than the pass's default limit (2048); the limit is
-    # read when inductor is first loaded, so this must come before the process's first compile
-    options = dict(inductor_config.post_grad_fusion_options)
-    options["decompose_mm_pass"] = {"cpu_max_other_dimension_decomposition": max(2048, model.config.vocab_size)}
-    inductor_config.post_grad_fusion_options = options
-    fast = copy.deepcopy(model)
-    fast.compile()  # nn.Module.compile, in place: fast(...) and fast.generate(...) both use it
-    fast.lm_head = _Traced(fast.lm_head)  # still the token embedding's weight, now compiled too
-    fast.lm_head.compile()
-    weight = fast.wte.weight
-    cache = KVCache(fast.config, 1, device=weight.device, dtype=weight.dtype)
-    token = torch.zeros(1, 1, dtype=torch.long, device=weight.device)
-    with torch.no_grad():
-        for _ in range(3):  # an empty cache, then held tokens, then a count that changes
-            fast(token, cache=cache, last_only=True)
-    return fast

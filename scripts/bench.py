@@ -16,7 +16,7 @@ so what is compared is a ratio, not two numbers from different days:
   step must read (weights, keys and values) at the measured bandwidth, or its flops at the
   matrix-product peak if that takes longer;
 - generation with the cache at batch 1, 8, 32, tokens/s, against the same floor;
-- with --compile, the cached step through torch.compile (mvgpt.perf.compile_for_decoding): its
+- with --compile, the compiled one-token step (mvgpt/fast_decode.py, as sample.py and context.py use it): its
   compile time, its speed, and after how many tokens it pays for itself;
 - torch.profiler tables of one cached decoding step and one training step: what bounds each; and
   each profiled training step's time by part (matrix products, GELU, the norms, the loss, ...:
@@ -46,6 +46,7 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import copy
 import math
 import shlex
 import statistics
@@ -70,10 +71,10 @@ from mvgpt.bench import (
 from mvgpt.cpu_attention import batched_attention_pays, use_batched_attention
 from mvgpt.device import pick_device
 from mvgpt.errors import ArgumentParser, positive_float, positive_int, positive_ints, run_main, writable_file
+from mvgpt.fast_decode import FastDecode, break_even_tokens
 from mvgpt.io import write_json
 from mvgpt.model import GPT, GPTConfig, KVCache
 from mvgpt.perf import (
-    compile_for_decoding,
     kernel_names,
     matmul_flops,
     memory_bandwidth,
@@ -262,24 +263,20 @@ def with_threads(n: int, fn: Callable[[], T]) -> T:
 
 
 def bench_compiled_decoding(model: GPT, device: torch.device, tokens: int, repeats: int) -> dict:
-    """Generation at batch 1 with the cached step through torch.compile (compile_for_decoding):
-    its compile time, its speed against the eager model's measured side by side, after how many
-    tokens it pays for itself, and how far its logits are from the eager model's on the same
-    tokens (float rounding; tests/test_bench.py checks it)."""
+    """Generation at batch 1 with the compiled one-token step (mvgpt/fast_decode.py, on a copy of the
+    model): its compile time, its speed against the eager step's measured side by side, after how
+    many tokens it pays for itself, and how far its logits are from the eager step's on the same
+    tokens (float rounding; tests/test_fast_decode.py holds it to a tolerance)."""
     window = model.config.block_size
     prompt = random_tokens((1, window), model.config.vocab_size, device, seed=5)
-    t0 = time.perf_counter()
-    fast = compile_for_decoding(model)
-    for _ in fast.generate(prompt, 3, temperature=0):  # and a prompt's graph, as generate reads one
-        pass
-    sync(device)
-    compile_s = time.perf_counter() - t0
+    fast = copy.deepcopy(model)
+    fast.decode = FastDecode(fast)
+    compile_s = fast.decode.warmup_s
     eager, compiled = [], []
     for _ in range(2):  # side by side, twice: the better of each, as the machine's load comes and goes
         eager.append(1e3 * generate_seconds_per_token(model, prompt, True, tokens, repeats))
         compiled.append(1e3 * generate_seconds_per_token(fast, prompt, True, tokens, repeats))
     eager_ms, ms = min(eager), min(compiled)
-    saved = eager_ms - ms
     with torch.no_grad():  # the same tokens through both, each with its own cache
         stream = random_tokens((1, 8), model.config.vocab_size, device, seed=4)
         caches = [KVCache(model.config, 1, device=device) for _ in range(2)]
@@ -290,12 +287,12 @@ def bench_compiled_decoding(model: GPT, device: torch.device, tokens: int, repea
             logits = []
             for m, cache in zip((model, fast), caches, strict=True):
                 cache.slide(window - 1)
-                logits.append(m(stream[:, i : i + 1], cache=cache, last_only=True)[0])
+                logits.append(m.decode(stream[:, i : i + 1], cache))
             diff = max(diff, (logits[0] - logits[1]).abs().max().item())
 
         def compiled_step() -> None:
             caches[1].slide(window - 1)
-            fast(stream[:, :1], cache=caches[1], last_only=True)
+            fast.decode(stream[:, :1], caches[1])
 
         profile_text = profile_table(profile(compiled_step, device), device)
     return {
@@ -303,7 +300,7 @@ def bench_compiled_decoding(model: GPT, device: torch.device, tokens: int, repea
         "ms": ms,
         "eager_ms": eager_ms,
         "speedup": eager_ms / ms,
-        "break_even_tokens": compile_s / (saved / 1e3) if saved > 0 else None,
+        "break_even_tokens": break_even_tokens(eager_ms, ms, compile_s),
         "max_abs_logit_diff": diff,
         "profile": profile_text,
     }

@@ -49,18 +49,18 @@ def test_break_even_is_the_compile_time_over_the_time_saved_per_token():
 
 
 def test_fast_decode_pays_from_the_measured_figures_of_its_dtype(monkeypatch):
-    monkeypatch.setattr(fd, "can_compile", lambda device: True)
+    monkeypatch.setattr(fd, "inductor_builds_here", lambda device: True)
     measured = {"float32": (5.0, 2.0, 6.0), "bfloat16": (4.0, 4.5, 1.0)}
     assert fd.fast_decode_pays("cpu", torch.float32, 2000, measured)
     assert not fd.fast_decode_pays("cpu", torch.float32, 1999, measured)
     assert not fd.fast_decode_pays("cpu", torch.bfloat16, 10**9, measured)  # slower there: never
     assert not fd.fast_decode_pays("cpu", torch.float16, 10**9, measured)  # not measured: no
-    monkeypatch.setattr(fd, "can_compile", lambda device: False)
+    monkeypatch.setattr(fd, "inductor_builds_here", lambda device: False)
     assert not fd.fast_decode_pays("cpu", torch.float32, 10**9, measured)  # no C++ toolchain: no
 
 
 def test_only_a_cpu_with_a_toolchain_compiles_the_step():
-    assert not fd.can_compile("meta")
+    assert not fd.inductor_builds_here("meta")
 
 
 def test_use_fast_decode_leaves_the_models_step_where_it_does_not_pay(monkeypatch):
