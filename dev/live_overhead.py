@@ -85,7 +85,11 @@ def page_server(args: argparse.Namespace) -> Iterator[tuple[str, int]]:
         yield host, int(port)
     finally:
         server.send_signal(signal.SIGINT)
-        server.wait(timeout=60)
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:  # a server that did not stop: it must not outlive us
+            server.kill()
+            server.wait()
 
 
 def page_run(address: tuple[str, int], name: str, prompt: str, tokens: int) -> dict:

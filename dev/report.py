@@ -38,7 +38,8 @@ TEN_MINUTES = {  # the episode's commands as a learner types them: ten minutes b
     "amd-epyc/ten-minutes/pretrain.json": "learned positions",
     "amd-epyc/ten-minutes/pretrain-rope.json": "rotary embeddings",
     "amd-epyc/ten-minutes/pretrain-rope-eager.json": "rotary embeddings"}
-OTHER_BENCHES = ("amd-epyc/bench.json",)  # scripts/bench.py on another CPU, set beside results/bench.json
+# scripts/bench.py on other CPUs (and with --dtype float32), set beside results/bench.json
+OTHER_BENCHES = ("amd-epyc/bench.json", "amd-epyc/bench-float32.json")
 LINEAR_PRODUCTS = {"linear_products.json": "linear-products",  # dev/linear_products.py on each CPU: its table
                    "amd-epyc/linear_products.json": "linear-products-amd-epyc"}
 DECODE = ("decode.json", "amd-epyc/decode.json")  # dev/decode_vs_llama.py on each CPU kind measured
@@ -622,7 +623,8 @@ def bench_machines(r: dict) -> dict:
               for dtype in ("float32", "bfloat16")],
             ["decoding, float32, compiled", *(compiled_decoding(b) for _, b in benches)],
             ["measured", *(b["date"][:10] for _, b in benches)]]
-    return {"bench-machines": head(*benches) + table(["figure", *(cpu(b["machine"]) for _, b in benches)], rows)}
+    names = [cpu(b["machine"]) + (", --dtype float32" if b.get("dtype") == "float32" else "") for _, b in benches]
+    return {"bench-machines": head(*benches) + table(["figure", *names], rows)}
 
 
 def step_parts(training: list[dict]) -> str:
@@ -901,10 +903,13 @@ def rotation(_: dict) -> dict:
 README_BLOCK = re.compile(r"<!-- report\.py: (?!end )([\w-]+) -->\n.*?<!-- report\.py: end -->", re.S)
 README_BLOCK_NAME = re.compile(r"<!-- report\.py: (?!end )([\w-]+) -->")
 EPISODE_COMMANDS = {  # as the README gives them; the video types `python pretrain.py --rope` (scripts/ here)
-    "pretrain": "python scripts/pretrain.py --rope --out-dir checkpoints/rope-10min",
+    "pretrain": "python scripts/pretrain.py --rope",
     "evaluate": "python scripts/evaluate.py checkpoints/* --dtype auto",
     "context": "python scripts/context.py checkpoints/* --device cpu",
 }
+# What those commands printed, typed one after another after a main job (each with --json added), on one machine
+EPISODE_RUNS = {"pretrain": "amd-epyc/episode/pretrain-rope.json", "evaluate": "amd-epyc/episode/evaluate.json",
+                "context": "amd-epyc/episode/context.json"}
 
 
 def load_all(results: Path) -> dict:
@@ -955,33 +960,52 @@ def context_seconds(d: dict) -> float:
 
 
 def readme_pretrain(r: dict) -> str:
-    name = "ten-minutes/pretrain-rope.json"
+    name = EPISODE_RUNS["pretrain"]
     d = r[name]
-    out_dir = EPISODE_COMMANDS["pretrain"].split("--out-dir ")[1].split()[0]
     return (f"```bash\n{EPISODE_COMMANDS['pretrain']}\n```\n\n"
-            f"It trains for ten minutes by the clock, then prints (`results/{name}`, on {where(d)}):\n\n"
-            f"```text\n{pretrain_printed(d, out_dir)}\n```\n\n"
+            f"After the main job, `checkpoints/pretrain-rope` holds its run, so this one goes to "
+            f"`{d['args']['out_dir']}`, and its first line says so. It trains for ten minutes by the clock, then "
+            f"prints (`results/{name}`, on {where(d)}):\n\n"
+            f"```text\n{pretrain_printed(d)}\n```\n\n"
             f"That is {d['steps']:,} steps of {d['tokens'] // d['steps']:,} tokens. Its tokens/s is the median "
             f"step's. Over the whole run it is {d['tokens'] / d['seconds']:,.0f}, as evaluations and compiling "
             "take time too.")
 
 
 def readme_evaluate(r: dict) -> str:
-    d = r["evaluate.json"]
-    took = f" It took {minutes(d['seconds'])}." if "seconds" in d else ""
+    name = EPISODE_RUNS["evaluate"]
+    d = r[name]
     return (f"```bash\n{EPISODE_COMMANDS['evaluate']}\n```\n\n"
-            f"It reads every held-out story and prints a row per model. The two pretrained ones, on {where(d)} "
-            f"(`results/evaluate.json`):\n\n```text\n"
-            f"{evaluate_printed(d, ['pretrain', 'pretrain-rope'])}\n```\n\n"
-            f"The last column is what bf16's products cost in loss, against float32.{took}")
+            f"It reads every held-out story with each model in `checkpoints/`: the main job's two, its "
+            f"long-context fine-tune, its LoRA adapter on its base, and the run above. It printed, on {where(d)} "
+            f"(`results/{name}`):\n\n```text\n{evaluate_printed(d)}\n```\n\n"
+            f"It took {minutes(d['seconds'])}. The last column is what bf16's products cost in loss, against "
+            f"float32.")
 
 
 def readme_context(r: dict) -> str:
-    d = r["context.json"]
+    name = EPISODE_RUNS["context"]
+    d = r[name]
     return (f"```bash\n{EPISODE_COMMANDS['context']}\n```\n\n"
-            f"It prints (`results/context.json`, for the two pretrained models):\n\n"
+            f"It printed (`results/{name}`):\n\n"
             f"```text\n{context_printed(d)}\n```\n\n"
-            f"These rows took {minutes(context_seconds(d))}. Each model the folder holds adds its own rows.")
+            f"It took {minutes(context_seconds(d))}.")
+
+
+# The machines the README's figures come from: the committed main job's (results/) and this CPU kind's
+# episode commands as typed (EPISODE_RUNS), each JSON an episode figure names mapped to that machine's own
+EXPECT_MACHINES = {
+    "Intel Xeon, AMX": {},
+    "AMD EPYC, AVX512-BF16": {"ten-minutes/pretrain-rope.json": EPISODE_RUNS["pretrain"],
+                              "evaluate.json": EPISODE_RUNS["evaluate"], "context.json": EPISODE_RUNS["context"]},
+}
+
+
+def on_machine(spec: str, files: dict[str, str]) -> str:
+    """An episode figure's `ours` with each JSON it names swapped for a machine's own."""
+    for name, theirs in files.items():
+        spec = re.sub(rf"(^| ){re.escape(name)}:", rf"\g<1>{theirs}:", spec)
+    return spec
 
 
 def readme_expect(r: dict) -> str:
@@ -989,15 +1013,16 @@ def readme_expect(r: dict) -> str:
     figures = [f for f in e["figures"] if f.get("readme")]
     rows = []
     for f in figures:
-        value = ours(r, f["ours"])
-        name = f["ours"].split(":")[0]
-        rows.append([f["what"], f"{f['text']} ({f['at']})", "–" if value is None else f["format"].format(value),
-                     f"`results/{name}`"])
+        values = [ours(r, on_machine(f["ours"], files)) for files in EXPECT_MACHINES.values()]
+        rows.append([f["what"], f"{f['text']} ({f['at']})",
+                     *("–" if v is None else f["format"].format(v) for v in values)])
     main_run, ten = r["pretrain-rope.json"], r["ten-minutes/pretrain-rope.json"]
     video_tokens = next(f["value"] for f in e["figures"] if f["ours"] == "ten-minutes/pretrain-rope.json::tokens")
     passes = main_run["tokens"] / data["train"]["tokens"]
-    return (f"Ours on {where(ten)}:\n\n"
-            + table(["figure", "the video (at)", "here", "from"], rows, "lrrl")
+    sources = ", ".join(f"`results/{n}`" for n in ["ten-minutes/pretrain-rope.json", "evaluate.json", "context.json",
+                                                    *EPISODE_RUNS.values()])
+    return (f"On the two 2-core CPUs we measured (from {sources}):\n\n"
+            + table(["figure", "the video (at)", *EXPECT_MACHINES], rows, "lr" + "r" * len(EXPECT_MACHINES))
             + f"\nWhy they differ, one line each:\n\n"
             f"- **The training.** The video names neither the machine it trained on nor its batch. Its own figures "
             f"put its rope run at about {video_tokens / 1e6:.1f}M tokens; ours saw {ten['tokens'] / 1e6:.1f}M.\n"
@@ -1006,10 +1031,10 @@ def readme_expect(r: dict) -> str:
             f"{main_run['tokens'] / 1e6:.1f}M training tokens are about {passes:.1f} passes over them, so the model "
             f"starts to see its stories again.\n"
             f"- **The tokenizer.** Ours has {data['vocab_size']:,} tokens; the video's is not ours, so a loss per "
-            f"token compares only roughly.\n"
+            f"token compares only roughly. Bits per byte, which `evaluate.py` prints too, does not depend on it.\n"
             f"- **Milliseconds** belong to a machine. Compare the ratios: the sliding cache against the window.\n"
-            f"- **To get closer**, train on more of TinyStories for longer, on a GPU if you have one. "
-            f"`python scripts/prepare.py --max-train-mb 0` downloads all of it.\n")
+            f"- **To get closer**, train for longer, on more of TinyStories, on a GPU if you have one: online, "
+            f"`python scripts/main.py` reads the first 300 MB of it, and `--max-steps` trains longer.\n")
 
 
 def readme_results(r: dict) -> str:
@@ -1022,18 +1047,31 @@ def readme_results(r: dict) -> str:
     return (f"The main job's two runs, {d['steps']:,} steps each from the same seed and batches, on {where(d)}. "
             f"From `results/pretrain*.json` and `results/evaluate.json`:\n\n"
             + table(["run", "steps", "tokens", "minutes", "tokens/s, median step", "tokens / wall time",
-                     "held-out loss", "perplexity"], rows))
+                     "held-out loss (evaluate.py)", "perplexity"], rows))
+
+
+MAIN_JOBS = ["amd-epyc/main-job-default/"]  # the main job as typed, with its plan (main-job.json), per machine
 
 
 def readme_main(r: dict) -> str:
-    """How long the main job's pretraining took, on each machine it was run on."""
+    """How long the main job took against its plan, by default, and its pretraining with --max-steps 1000,
+    on each machine it was run on."""
+    said = []
+    for folder in MAIN_JOBS:
+        if f"{folder}main-job.json" in r:
+            job = r[f"{folder}main-job.json"]
+            said.append(f"As typed, on {where(job)}, it chose {job['steps']:,} steps a model, planned "
+                        f"{job['planned_s'] / 60:.0f} minutes and took {job['took_s'] / 60:.0f} "
+                        f"(`results/{folder}main-job.json`).")
     machines = [("", r["pretrain.json"], r["pretrain-rope.json"])]
     if "amd-epyc/main-job/pretrain.json" in r:
         machines.append(("amd-epyc/main-job/", r["amd-epyc/main-job/pretrain.json"],
                          r["amd-epyc/main-job/pretrain-rope.json"]))
-    said = [f"Its two pretraining runs took {learned['seconds'] / 60:.1f} and {rope['seconds'] / 60:.1f} minutes on "
-            f"{where(learned)} (`results/{folder}pretrain*.json`)." for folder, learned, rope in machines]
-    return " ".join(said).replace(". Its two pretraining runs took", ". They took", 1)
+    runs = [f"{learned['seconds'] / 60:.1f} and {rope['seconds'] / 60:.1f} minutes on {where(learned)} "
+            f"(`results/{folder}pretrain*.json`)" for folder, learned, rope in machines]
+    said.append("With `--max-steps 1000`, the runs in the tables below, its two pretraining runs took "
+                + ", and ".join(runs) + ".")
+    return " ".join(said)
 
 
 README_BLOCKS: dict[str, Callable[[dict], str]] = {

@@ -193,10 +193,10 @@ class FastDecode:
 
 # Measured side by side by dev/decode_vs_llama.py on an AMD EPYC (AVX512-BF16, no AMX), 2 threads
 # (results/amd-epyc/decode.json): (eager ms/token, compiled ms/token, seconds to compile). Compiling took
-# 0.5 to 2 s with inductor's on-disk cache warm and 26 s with it empty on a busy host; 10 s stands
-# between the two. So compiling pays after about 3,500 tokens in float32 and 6,000 in bf16: not for a
-# story of a few hundred, and for context.py's eight streams of three windows.
-MEASURED = {"float32": (4.39, 1.56, 10.0), "bfloat16": (2.57, 0.91, 10.0)}
+# 0.5 to 9 s with inductor's on-disk cache warm and 26 s with it empty on a busy host; 10 s stands
+# between the two. So compiling pays after about 4,200 tokens in float32 and 6,500 in bf16: not for a
+# story of a few hundred, and for context.py's eight streams of three windows (6,144 steps).
+MEASURED = {"float32": (3.94, 1.55, 10.0), "bfloat16": (2.40, 0.86, 10.0)}
 
 
 def break_even_tokens(eager_ms: float, fast_ms: float, warmup_s: float) -> float | None:

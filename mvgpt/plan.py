@@ -279,6 +279,8 @@ class Progress:
         self.last = clock()
         self.started = self.last if started is None else started
         self.left = {stage.name: stage.seconds for stage in plan}
+        self.planned_s = self.total  # the whole job's estimate, the time before the plan included (show)
+        self.took: list[dict] = []  # each stage done: its name, estimate and time
 
     @property
     def total(self) -> float:
@@ -288,9 +290,9 @@ class Progress:
         width = max(len(stage.name) for stage in self.plan)
         lines = [f"plan ({head}):"]
         lines += [f"  {stage.name:<{width}}  {stage.what:<24} {minutes(stage.seconds):>9}" for stage in self.plan]
+        self.planned_s = self.last - self.started + self.total
         lines.append(f"  {'total':<{width}}  {'':<24} {minutes(self.total):>9}, "
-                     f"{minutes(self.last - self.started + self.total)} with the {minutes(self.last - self.started)} "
-                     "so far")
+                     f"{minutes(self.planned_s)} with the {minutes(self.last - self.started)} so far")
         self.say("\n".join(lines))
 
     def done(self, name: str) -> None:
@@ -298,5 +300,10 @@ class Progress:
         took, self.last = now - self.last, now
         planned = self.left.pop(name)
         left = sum(self.left.values())
+        self.took.append({"stage": name, "planned_s": planned, "took_s": took})
         self.say(f"\n[{name}: {minutes(took)} (planned {minutes(planned)}); about {minutes(left)} left, "
                  f"{minutes(now - self.started)} so far]")
+
+    def summary(self) -> dict:
+        """The plan against the job as it went: main.py writes it to results/main-job.json."""
+        return {"planned_s": self.planned_s, "took_s": self.clock() - self.started, "stages": self.took}

@@ -40,6 +40,7 @@ def cosine(progress: float, min_ratio: float) -> float:
 # the peak within 7 to 15 steps, where a 20-step warm-up already made the loss climb by two nats
 # (results/warmup.json).
 WARMUP_SHARE = 0.2
+WARMUP_STEPS = 200  # pretrain.py's --warmup (why 200: docs/pretraining.md)
 
 
 def lr_at(

@@ -29,18 +29,23 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from mvgpt.bench import machine
 from mvgpt.checkpoint import checkpoint_path, read_checkpoint
 from mvgpt.data import SOURCE_ENV, data_tokenizer_hash, prepared_for, read_meta, source_fingerprint
+from mvgpt.device import pick_device
 from mvgpt.errors import ArgumentParser, UserError, positive_int, run_main, writable_folder
+from mvgpt.io import write_json
 from mvgpt.lora import ADAPTER_NAME, read_adapter
 from mvgpt.rope_scaling import SCALING_METHODS
 from mvgpt.runfolder import holds
+from mvgpt.train import WARMUP_SHARE, WARMUP_STEPS
 
 SCRIPTS = Path(__file__).resolve().parent
 ROOT = SCRIPTS.parent
@@ -173,7 +178,6 @@ def up_to_date(out: Path, checkpoints: list[Path], data: Path) -> bool:
 def plan_job(args: argparse.Namespace, data: Path, ckpts: Path, results: Path, started: float):
     """Measure this machine, choose the steps where --max-steps does not, and print the plan
     (mvgpt/plan.py); returns (the Progress that says the time left after each stage, the steps)."""
-    from mvgpt.device import pick_device
     from mvgpt.model import GPTConfig
     from mvgpt.plan import Job, Progress, measure, stages, steps_for
     from mvgpt.precision import dtype_name, resolve_dtype
@@ -248,8 +252,11 @@ def main(argv: list[str] | None = None) -> None:
     # the plan: this machine measured, each stage's time from it, the steps both kinds train
     progress, args.max_steps = plan_job(args, data, ckpts, results, started)
 
-    # both kinds from the same seed, data and batches, the same number of steps, in bfloat16 where it is native
+    # both kinds from the same seed, data and batches, the same number of steps, in bfloat16 where it is native;
+    # fewer steps than 1,000 warm up for a fifth of them, as 1,000 do for pretrain.py's 200
     model = TINY if args.tiny else ["--compile"]  # compiling pays over a thousand steps, not over a tiny run
+    warmup = int(WARMUP_SHARE * args.max_steps)
+    model += ["--warmup", str(max(1, warmup))] if warmup < WARMUP_STEPS else []
     for kind, name in (([], "pretrain"), (["--rope"], "pretrain-rope")):
         train([str(SCRIPTS / "pretrain.py"), *kind, *model, "--max-steps", str(args.max_steps), "--dtype", "auto"],
               ckpts / name, args.max_steps, results / f"{name}.json", common, env)
@@ -294,8 +301,12 @@ def main(argv: list[str] | None = None) -> None:
     if not args.tiny:  # the docs' tables and figures describe the real runs, not a tiny check
         run([str(ROOT / "dev" / "report.py"), "--results-dir", str(results)], env)
         progress.done("report")
-    print(f"\ndone: checkpoints in {ckpts}, TensorBoard logs in {runs} (tensorboard --logdir {runs}), "
-          f"tables in {results}")
+    summary = progress.summary()  # the plan against the job as it went
+    command = shlex.join(["python", "scripts/main.py", *(sys.argv[1:] if argv is None else argv)])
+    write_json(results / "main-job.json", {"command": command, "machine": machine(pick_device(args.device)),
+                                           "steps": args.max_steps, **summary})
+    print(f"\ndone in {summary['took_s'] / 60:.1f} min (planned {summary['planned_s'] / 60:.1f}): checkpoints in "
+          f"{ckpts}, TensorBoard logs in {runs} (tensorboard --logdir {runs}), tables in {results}")
 
 
 if __name__ == "__main__":

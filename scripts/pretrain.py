@@ -66,7 +66,7 @@ from mvgpt.precision import CHOICES as DTYPE_CHOICES
 from mvgpt.precision import autocast, dtype_name, resolve_dtype
 from mvgpt.rope_scaling import SCALING_METHODS
 from mvgpt.runfolder import LossWatch, RunLock, Scalars, all_finite, append_line, claim, claim_file, diverged, read_log
-from mvgpt.train import WARMUP_SHARE, configure_optimizer, lr_at
+from mvgpt.train import WARMUP_SHARE, WARMUP_STEPS, configure_optimizer, lr_at
 
 EVAL_SEED = 1234  # the held-out batches are the same for every run
 DEFAULTS = {"n_layer": 6, "n_head": 6, "n_embd": 384, "block_size": 256, "rope_theta": 10000.0}  # a new model's
@@ -107,8 +107,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--min-lr-ratio", type=float, default=0.1, help="final lr as a share of --lr")
-    p.add_argument("--warmup", type=int, default=200, help="warm-up steps (why 200: docs/pretraining.md); bounded "
-                   "by --minutes, at most the steps that fit in --warmup-share of them")
+    p.add_argument("--warmup", type=int, default=WARMUP_STEPS,
+                   help="warm-up steps (why 200: docs/pretraining.md); bounded by --minutes, at most the steps "
+                        "that fit in --warmup-share of them")
     p.add_argument("--warmup-share", type=float, default=WARMUP_SHARE,
                    help="bounded by --minutes, the warm-up ends by this share of them at the latest (default "
                         "%(default)g: why, mvgpt/train.py; 0: by its steps alone)")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import threading
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
@@ -306,6 +307,10 @@ def main(argv: list[str] | None = None) -> None:
     app = load_app(args)
     server = make_server(app, args.host, args.port)
     host, port = server.server_address[:2]
+    # Ctrl-C and SIGTERM stop it, whatever the shell that started it did with them (a shell's background
+    # job starts with Ctrl-C ignored, and Python then leaves it so)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     print(f"serving http://{host}:{port}/ (Ctrl-C stops it)", flush=True)
     try:
         server.serve_forever()

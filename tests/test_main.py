@@ -70,6 +70,7 @@ def test_the_default_steps_fit_the_first_kind_into_ten_minutes_and_max_steps_100
     said = capsys.readouterr().out
     # 2 s a step, 40 s compiling, evaluations and checkpoints every 25 steps: 225 steps in ten minutes
     assert [c[c.index("--max-steps") + 1] for c in pretrain_commands(commands)] == ["225", "225"]
+    assert [c[c.index("--warmup") + 1] for c in pretrain_commands(commands)] == ["45", "45"]  # a fifth, as 200 of 1,000
     assert "plan (225 steps each, about ten minutes for the first kind here; measured in 90 s" in said
     stages = ["pretrain (learned)", "pretrain (rope)", "evaluate", "context", "long-context fine-tune", "sweep",
               "sinks", "dynamic", "LoRA fine-tune", "report"]

@@ -632,24 +632,38 @@ def test_readme_blocks_show_the_lines_the_scripts_print(data_dir, tmp_path, caps
 def test_readme_blocks_name_their_files_machines_and_the_passes_over_the_data(results):
     (results / "data.json").write_text(json.dumps(
         {"vocab_size": 512, "train": {"stories": 10, "tokens": 2_048_000}, "held_out": {"stories": 2, "tokens": 9}}))
+    amd = "AMD EPYC (AVX512), 2 threads of 2 cores, torch x, cpu"
+    typed = {**pretrain_json("rope", 600, 0.5), "machine": amd}  # the episode's commands typed after a main job
+    typed["args"]["out_dir"] = "checkpoints/pretrain-rope-2"
+    episode = {"amd-epyc/episode/pretrain-rope.json": typed,
+               "amd-epyc/episode/evaluate.json": {**evaluate_json(), "machine": amd, "seconds": 150.0},
+               "amd-epyc/episode/context.json": {**context_json(), "machine": amd, "seconds": 600.0},
+               "amd-epyc/main-job-default/main-job.json": {"machine": amd, "steps": 825, "planned_s": 2586.0,
+                                                           "took_s": 2256.0, "stages": []}}
+    for name, d in episode.items():
+        (results / name).parent.mkdir(parents=True, exist_ok=True)
+        (results / name).write_text(json.dumps(d))
     r = report.load_all(results)
     assert set(r) >= {"ten-minutes/pretrain-rope.json", "episode.json", "data.json"}
     expect = report.readme_expect(r)
-    assert "Ours on a Made-up CPU:" not in expect and "Ours on an Made-up CPU:" in expect  # no core count: 'an'
     assert f"The main job's {1178 * 4096 / 1e6:.1f}M training tokens are about {1178 * 4096 / 2_048_000:.1f} passes" \
         in expect and "Our runs read 2.0M training tokens (10 stories)" in expect
     rows = {row[0]: row[1:] for row in rows_of(expect)}
-    assert rows["held-out loss after ten minutes, rope (as typed)"] == \
-        ["about 2.18 (9:40)", "2.25", "`results/ten-minutes/pretrain-rope.json`"]
-    assert rows["tokens seen in ten minutes, rope"][1] == f"{650 * 4096:,}"
+    assert rows["figure"] == ["the video (at)", *report.EXPECT_MACHINES]
+    assert rows["held-out loss after ten minutes, rope (as typed)"] == ["about 2.18 (9:40)", "2.25", "2.50"]
+    assert rows["tokens seen in ten minutes, rope"][1:] == [f"{650 * 4096:,}", f"{600 * 4096:,}"]
     assert all(f.get("readme") is None or f["what"] in rows for f in r["episode.json"]["figures"])
     block = report.readme_pretrain(r)
-    assert block.startswith(f"```bash\n{report.EPISODE_COMMANDS['pretrain']}\n```") and "-> checkpoints/rope-10min" \
-        in block and f"Over the whole run it is {650 * 4096 / 600.5:,.0f}" in block
-    assert "These rows took" in report.readme_context(r) and report.context_seconds(r["context.json"]) == \
-        pytest.approx(sum(ms * 64 * 2 for ms in (8.0, 12.0, 2.0, 0.5)) / 1000)
+    assert block.startswith("```bash\npython scripts/pretrain.py --rope\n```") and \
+        "-> checkpoints/pretrain-rope-2\n" in block and "on a 2-core AMD EPYC (AVX512)" in block
+    assert f"Over the whole run it is {600 * 4096 / 600.5:,.0f}" in block
+    assert "It took 2.5 minutes." in report.readme_evaluate(r) and "It took 10.0 minutes." in report.readme_context(r)
+    assert report.context_seconds(r["context.json"]) == pytest.approx(sum(ms * 64 * 2 for ms in (8.0, 12.0, 2.0, 0.5))
+                                                                     / 1000)  # no seconds recorded: from ms/token
+    assert report.readme_main(r).startswith("As typed, on a 2-core AMD EPYC (AVX512), it chose 825 steps a model, "
+                                            "planned 43 minutes and took 38 (`results/amd-epyc/main-job-default/")
     results_rows = rows_of(report.readme_results(r))
-    assert results_rows[0][4:6] == ["tokens/s, median step", "tokens / wall time"]
+    assert results_rows[0][4:7] == ["tokens/s, median step", "tokens / wall time", "held-out loss (evaluate.py)"]
     assert results_rows[1] == ["learned positions", "1,250", f"{1250 * 4096:,}", "10.0", f"{1250 * 4096 / 600.5:,.0f}",
                                f"{1250 * 4096 / 600.5:,.0f}", "2.2500", f"{math.exp(2.25):.1f}"]
     assert report.where({"machine": "Intel(R) Xeon(R) Processor (AVX512), 2 threads of 2 cores, torch x, cpu"}) == \

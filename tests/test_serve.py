@@ -282,11 +282,16 @@ def test_a_checkpoint_that_does_not_load_is_one_line_and_exit_1(checkpoints, dat
         serve.main([str(checkpoints / "tiny"), str(checkpoints / "tiny" / "ckpt.pt"), "--data-dir", str(data_dir)])
 
 
-def test_the_command_says_its_address_in_one_line_and_ctrl_c_stops_it(checkpoints, data_dir):
+@pytest.mark.parametrize("how", ["SIGINT", "SIGINT, started in the background", "SIGTERM"])
+def test_the_command_says_its_address_in_one_line_and_ctrl_c_stops_it(checkpoints, data_dir, how):
+    """Ctrl-C stops it, also where it was started as a shell's background job (which ignores Ctrl-C, a
+    setting Python keeps unless told otherwise), and so does SIGTERM."""
+    background = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if "background" in how else None
     child = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "serve.py"), str(checkpoints / "tiny-rope"),
                               "--data-dir", str(data_dir), "--device", "cpu", "--port", "0"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                             env=dict(os.environ, PYTHONPATH=str(ROOT)))  # this checkout's mvgpt
+                             env=dict(os.environ, PYTHONPATH=str(ROOT)),  # this checkout's mvgpt
+                             preexec_fn=background)
     try:
         line = child.stdout.readline()
         assert line.startswith("serving http://127.0.0.1:") and line.endswith("/ (Ctrl-C stops it)\n")
@@ -294,7 +299,7 @@ def test_the_command_says_its_address_in_one_line_and_ctrl_c_stops_it(checkpoint
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
         conn.request("GET", "/api/info")
         assert conn.getresponse().status == 200
-        child.send_signal(signal.SIGINT)
+        child.send_signal(getattr(signal, how.split(",")[0]))
         out, err = child.communicate(timeout=30)
     finally:
         if child.poll() is None:
