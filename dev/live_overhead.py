@@ -28,6 +28,7 @@ import argparse
 import http.client
 import json
 import os
+import shlex
 import signal
 import statistics
 import subprocess
@@ -172,7 +173,9 @@ def main(argv: list[str] | None = None) -> dict:
             model = load_model(path, device, tok_hash)[0]
             rows.append(measure(address, serve.run_name(path), model, tokenizer, val, args.repeats))
     print_rows(rows)
-    result = {"machine": machine(device), "device": str(device), "threads": torch.get_num_threads(), "rows": rows}
+    command = shlex.join(["python", "dev/live_overhead.py", *(sys.argv[1:] if argv is None else argv)])
+    result = {"command": command, "machine": machine(device), "device": str(device),
+              "threads": torch.get_num_threads(), "rows": rows}
     print(f"measured on {result['machine']}; the page's server in a process of its own; "
           "overhead = stream / context.py's ms per step - 1 (goal <= +10%)")
     if args.json:

@@ -37,12 +37,16 @@ TEN_MINUTES = {  # the episode's commands as a learner types them: ten minutes b
     # the same commands on the other CPU a session ran on (an AMD EPYC without AMX), kept beside ours
     "amd-epyc/ten-minutes/pretrain.json": "learned positions",
     "amd-epyc/ten-minutes/pretrain-rope.json": "rotary embeddings",
-    "amd-epyc/ten-minutes/pretrain-rope-eager.json": "rotary embeddings"}
+    "amd-epyc/ten-minutes/pretrain-rope-eager.json": "rotary embeddings",
+    # as a CPU without bf16 units trains (--dtype float32): the warm-up bounded by the clock, then by steps alone
+    "amd-epyc/ten-minutes/pretrain-rope-float32.json": "rotary embeddings",
+    "amd-epyc/ten-minutes/pretrain-rope-float32-fixed-warmup.json": "rotary embeddings"}
 # scripts/bench.py on other CPUs (and with --dtype float32), set beside results/bench.json
 OTHER_BENCHES = ("amd-epyc/bench.json", "amd-epyc/bench-float32.json")
 LINEAR_PRODUCTS = {"linear_products.json": "linear-products",  # dev/linear_products.py on each CPU: its table
                    "amd-epyc/linear_products.json": "linear-products-amd-epyc"}
 DECODE = ("decode.json", "amd-epyc/decode.json")  # dev/decode_vs_llama.py on each CPU kind measured
+LIVE = ("live-overhead.json", "amd-epyc/live-overhead.json")  # dev/live_overhead.py on each CPU kind measured
 Draw = Callable  # draw(plt) -> a matplotlib figure
 SPEEDS = ("Two speeds: the median step's tokens/s, the training step alone, and tokens over the run's wall time, "
           "which also counts the evaluations every 25 steps, the checkpoints and, compiled, the first step's "
@@ -160,18 +164,26 @@ def cpu(machine: str) -> str:
     return re.sub(r"\((R|TM)\)| Processor", "", machine.split(",")[0])
 
 
+def warmup_bound(args: dict) -> str:
+    """How a run's warm-up was bounded: by steps alone (--warmup-share 0, or a run from before the share)
+    or by the lesser of its steps and a share of the time."""
+    share = args.get("warmup_share", 0) if args.get("max_steps") is None else 0
+    return f"{args['warmup']} steps" + (f", ≤ {share:.0%} of the time" if share else "")
+
+
 def ten_minutes(r: dict) -> dict:
     runs = [(name, r[name]) for name in TEN_MINUTES if name in r]
     dtypes = list(dict.fromkeys(d["dtype"] for _, d in runs))
     rows = [[TEN_MINUTES[n], cpu(d["machine"]), "compiled" if d["args"]["compile"] else "eager",
-             *([d["dtype"]] if len(dtypes) > 1 else []), f"{d['steps']:,}", f"{d['tokens']:,}",
+             *([d["dtype"]] if len(dtypes) > 1 else []), warmup_bound(d["args"]), f"{d['steps']:,}",
              f"{d['seconds'] / 60:.1f}", f"{d['tokens_per_s']:,.0f}", f"{d['tokens'] / d['seconds']:,.0f}",
              f"{d['val_loss']:.4f}"] for n, d in runs]
     same = f"All in {dtypes[0]}. " if len(dtypes) == 1 else ""
     return {"ten-minutes": head(*runs) + "Each run trains until its ten minutes are up (compiling and evaluating "
-            "count against them). " + same + SPEEDS
-            + table(["run", "machine", "mode", *(["dtype"] if len(dtypes) > 1 else []), "steps", "tokens", "minutes",
-                     "tokens/s, median step", "tokens / wall time", "held-out loss"], rows, "llll")}
+            f"count against them), {runs[0][1]['tokens'] // runs[0][1]['steps']:,} tokens a step. " + same + SPEEDS
+            + table(["run", "machine", "mode", *(["dtype"] if len(dtypes) > 1 else []), "warm-up", "steps", "minutes",
+                     "tokens/s, median step", "tokens / wall time", "held-out loss"], rows,
+                    "l" * (4 + (len(dtypes) > 1)))}
 
 
 def evaluate(r: dict) -> dict:
@@ -806,6 +818,23 @@ def decode(r: dict) -> dict:
     return {"decode": text}
 
 
+def live_overhead(r: dict) -> dict:
+    """dev/live_overhead.py: the live page's ms per token against context.py's step, per model."""
+    runs = [(n, r[n]) for n in LIVE if n in r]
+    if not runs:
+        return {"live-overhead": PLACEHOLDER.format(missing=" or ".join(LIVE))}
+    text = ""
+    for name, d in runs:
+        rows = [[x["model"], x["context_method"], f"{x['context_ms_per_step']:.2f}", f"{x['shown_ms_per_token']:.2f}",
+                 f"{x['stream_ms_per_token']:.2f}", f"{x['overhead']:+.1%}", f"{x['stream_over_shown']:+.1%}",
+                 f"{x['first_token_ms']:.0f}"] for x in d["rows"]]
+        text += (head((name, d)) + f"Each model wrote {d['rows'][0]['tokens']} tokens past the window, "
+                 f"{d['rows'][0]['repeats']} times, taking turns with context.py; the medians.\n\n"
+                 + table(["model", "context.py's path", "its ms/step", "page shows, ms/token", "stream, ms/token",
+                          "overhead", "the page's own share", "first token, ms"], rows, "ll") + "\n")
+    return {"live-overhead": text}
+
+
 def ours(r: dict, where: str) -> float | None:
     """Our figure for an episode one: "file:model:method:field" (a row), "file:@step:field" (an evaluation of a
     run), "file::field" (the file's own), or "A / B" and "A - B" of two of those. None if not measured."""
@@ -943,11 +972,17 @@ def evaluate_printed(d: dict, models: list[str] | None = None) -> str:
     return evaluate.table([x for x in d["rows"] if models is None or x["model"] in models])
 
 
-def context_printed(d: dict) -> str:
-    """context.py's table, as it prints it."""
+def context_printed(d: dict, models: tuple[str, ...] | None = None) -> str:
+    """context.py's table, as it prints it; with `models`, their rows and notes alone, and a line saying so."""
     import context
 
-    return "\n".join([context.table(context.title(d["streams"], d["length"]), d["rows"], d.get("notes", [])),
+    rows, notes = d["rows"], d.get("notes", [])
+    if models:
+        rows = [x for x in rows if x["model"] in models]
+        notes = [n for n in notes if n.split(":")[0] in models]
+    more = len({x["model"] for x in d["rows"]} - {x["model"] for x in rows})
+    cut = [f"(rows of {more} more model{'s' if more > 1 else ''} cut here)"] if more else []
+    return "\n".join([context.table(context.title(d["streams"], d["length"]), rows, notes), *cut,
                       f"measured on {d['machine']}"])
 
 
@@ -967,36 +1002,49 @@ def readme_pretrain(r: dict) -> str:
             f"`{d['args']['out_dir']}`, and its first line says so. It trains for ten minutes by the clock, then "
             f"prints (`results/{name}`, on {where(d)}):\n\n"
             f"```text\n{pretrain_printed(d)}\n```\n\n"
-            f"That is {d['steps']:,} steps of {d['tokens'] // d['steps']:,} tokens. Its tokens/s is the median "
-            f"step's. Over the whole run it is {d['tokens'] / d['seconds']:,.0f}, as evaluations and compiling "
-            "take time too.")
+            f"Its tokens/s is the median step's; over the whole run, with evaluations and compiling, it is "
+            f"{d['tokens'] / d['seconds']:,.0f}.")
+
+
+def pretrain_typed(r: dict) -> dict:
+    """The episode's `pretrain.py --rope` as typed after a main job: the line it printed, for the docs."""
+    name = EPISODE_RUNS["pretrain"]
+    d = r[name]
+    return {"pretrain-typed": head((name, {**d, "command": EPISODE_COMMANDS["pretrain"] + f" --json results/{name}"}))
+            + f"```text\n{pretrain_printed(d)}\n```\n"}
 
 
 def readme_evaluate(r: dict) -> str:
     name = EPISODE_RUNS["evaluate"]
     d = r[name]
     return (f"```bash\n{EPISODE_COMMANDS['evaluate']}\n```\n\n"
-            f"It reads every held-out story with each model in `checkpoints/`: the main job's two, its "
-            f"long-context fine-tune, its LoRA adapter on its base, and the run above. It printed, on {where(d)} "
-            f"(`results/{name}`):\n\n```text\n{evaluate_printed(d)}\n```\n\n"
-            f"It took {minutes(d['seconds'])}. The last column is what bf16's products cost in loss, against "
-            f"float32.")
+            f"It reads every held-out story with each model in `checkpoints/`. For the main job's two "
+            f"({r[MAIN_JOBS[0] + 'pretrain-rope.json']['steps']:,} steps each) and the run above, it printed "
+            f"(`results/{name}` has every row):\n\n```text\n{evaluate_printed(d, README_EVALUATE_MODELS)}\n```"
+            f"\n\nIt took {minutes(d['seconds'])} for all {len(d['rows'])} models. The last column is what bf16's "
+            f"products cost in loss, against float32.")
+
+
+README_EVALUATE_MODELS = ("pretrain", "pretrain-rope", "pretrain-rope-2")  # the rows the README shows
 
 
 def readme_context(r: dict) -> str:
     name = EPISODE_RUNS["context"]
     d = r[name]
     return (f"```bash\n{EPISODE_COMMANDS['context']}\n```\n\n"
-            f"It printed (`results/{name}`):\n\n"
-            f"```text\n{context_printed(d)}\n```\n\n"
-            f"It took {minutes(context_seconds(d))}.")
+            f"It printed, for the main job's two models (`results/{name}` has every row):\n\n"
+            f"```text\n{context_printed(d, README_CONTEXT_MODELS)}\n```\n\n"
+            f"It took {minutes(context_seconds(d))} in all.")
+
+
+README_CONTEXT_MODELS = ("pretrain", "pretrain-rope")  # the rows the README shows: the episode's two models
 
 
 # The machines the README's figures come from: the committed main job's (results/) and this CPU kind's
 # episode commands as typed (EPISODE_RUNS), each JSON an episode figure names mapped to that machine's own
 EXPECT_MACHINES = {
-    "Intel Xeon, AMX": {},
-    "AMD EPYC, AVX512-BF16": {"ten-minutes/pretrain-rope.json": EPISODE_RUNS["pretrain"],
+    "Intel Xeon (AVX512)": {},
+    "AMD EPYC (AVX512)": {"ten-minutes/pretrain-rope.json": EPISODE_RUNS["pretrain"],
                               "evaluate.json": EPISODE_RUNS["evaluate"], "context.json": EPISODE_RUNS["context"]},
 }
 
@@ -1016,25 +1064,33 @@ def readme_expect(r: dict) -> str:
         values = [ours(r, on_machine(f["ours"], files)) for files in EXPECT_MACHINES.values()]
         rows.append([f["what"], f"{f['text']} ({f['at']})",
                      *("–" if v is None else f["format"].format(v) for v in values)])
-    main_run, ten = r["pretrain-rope.json"], r["ten-minutes/pretrain-rope.json"]
+    main_run = r["pretrain-rope.json"]
+    typed_rows = sum("ten-minutes/" in f["ours"] for f in figures)  # the episode's pretrain.py --rope, as typed
+    first = f"{typed_rows} rows are" if typed_rows > 1 else "row is"
+    main_steps = [main_run["steps"], *(r[f"{m}pretrain-rope.json"]["steps"] for m in MAIN_JOBS)]
+    tokens_seen = " and ".join(f"{ours(r, on_machine('ten-minutes/pretrain-rope.json::tokens', files)) / 1e6:.1f}M "
+                               f"({machine.split(' (')[0]})" for machine, files in EXPECT_MACHINES.items())
     video_tokens = next(f["value"] for f in e["figures"] if f["ours"] == "ten-minutes/pretrain-rope.json::tokens")
     passes = main_run["tokens"] / data["train"]["tokens"]
-    sources = ", ".join(f"`results/{n}`" for n in ["ten-minutes/pretrain-rope.json", "evaluate.json", "context.json",
-                                                    *EPISODE_RUNS.values()])
-    return (f"On the two 2-core CPUs we measured (from {sources}):\n\n"
+    return ("On the two 2-core CPUs we measured, both training in bf16 (the Intel's figures from "
+            "`results/ten-minutes/`, `results/evaluate.json` and `results/context.json`; the AMD's from the "
+            "blocks above):\n\n"
             + table(["figure", "the video (at)", *EXPECT_MACHINES], rows, "lr" + "r" * len(EXPECT_MACHINES))
+            + f"\nThe first {first} `pretrain.py --rope` as typed; the rest, the main job's rope model "
+            f"({main_steps[0]:,} steps on the Intel, {main_steps[1]:,} on the AMD). Only the AMD's cache step was "
+            "compiled.\n"
             + f"\nWhy they differ, one line each:\n\n"
-            f"- **The training.** The video names neither the machine it trained on nor its batch. Its own figures "
-            f"put its rope run at about {video_tokens / 1e6:.1f}M tokens; ours saw {ten['tokens'] / 1e6:.1f}M.\n"
+            f"- **The training.** The video's own figures put its rope run at about {video_tokens / 1e6:.1f}M "
+            f"tokens; ours saw {tokens_seen}. It names neither its machine nor its batch.\n"
             f"- **The data.** Our runs read {data['train']['tokens'] / 1e6:.1f}M training tokens "
-            f"({data['train']['stories']:,} stories), a small part of TinyStories. The main job's "
-            f"{main_run['tokens'] / 1e6:.1f}M training tokens are about {passes:.1f} passes over them, so the model "
-            f"starts to see its stories again.\n"
+            f"({data['train']['stories']:,} stories), a small part of TinyStories. A model's "
+            f"{main_run['tokens'] / 1e6:.1f}M tokens in {main_run['steps']:,} steps are about {passes:.1f} passes "
+            f"over them.\n"
             f"- **The tokenizer.** Ours has {data['vocab_size']:,} tokens; the video's is not ours, so a loss per "
             f"token compares only roughly. Bits per byte, which `evaluate.py` prints too, does not depend on it.\n"
             f"- **Milliseconds** belong to a machine. Compare the ratios: the sliding cache against the window.\n"
-            f"- **To get closer**, train for longer, on more of TinyStories, on a GPU if you have one: online, "
-            f"`python scripts/main.py` reads the first 300 MB of it, and `--max-steps` trains longer.\n")
+            f"- **To get closer**, train longer (`--max-steps`) on more of TinyStories (online, the main job reads "
+            f"300 MB), on a GPU if you have one.\n")
 
 
 def readme_results(r: dict) -> str:
@@ -1044,7 +1100,7 @@ def readme_results(r: dict) -> str:
              f"{d['tokens'] / d['seconds']:,.0f}", f"{held_out[d['run']]['loss']:.4f}",
              f"{held_out[d['run']]['perplexity']:.1f}"] for name, d in runs]
     d = runs[0][1]
-    return (f"The main job's two runs, {d['steps']:,} steps each from the same seed and batches, on {where(d)}. "
+    return (f"The main job's two runs with `--max-steps {d['steps']}`, from the same seed and batches, on {where(d)}. "
             f"From `results/pretrain*.json` and `results/evaluate.json`:\n\n"
             + table(["run", "steps", "tokens", "minutes", "tokens/s, median step", "tokens / wall time",
                      "held-out loss (evaluate.py)", "perplexity"], rows))
@@ -1067,10 +1123,9 @@ def readme_main(r: dict) -> str:
     if "amd-epyc/main-job/pretrain.json" in r:
         machines.append(("amd-epyc/main-job/", r["amd-epyc/main-job/pretrain.json"],
                          r["amd-epyc/main-job/pretrain-rope.json"]))
-    runs = [f"{learned['seconds'] / 60:.1f} and {rope['seconds'] / 60:.1f} minutes on {where(learned)} "
-            f"(`results/{folder}pretrain*.json`)" for folder, learned, rope in machines]
-    said.append("With `--max-steps 1000`, the runs in the tables below, its two pretraining runs took "
-                + ", and ".join(runs) + ".")
+    runs = [f"{learned['seconds'] / 60:.1f} and {rope['seconds'] / 60:.1f} minutes on the {cpu(learned['machine'])}"
+            for folder, learned, rope in machines]
+    said.append("With `--max-steps 1000`, as under Results, its two models trained " + ", and ".join(runs) + ".")
     return " ".join(said)
 
 
@@ -1107,6 +1162,8 @@ OUTPUTS: list[tuple[tuple[str, ...], tuple[str, ...], Callable[[dict], dict], tu
     (("bench.json",), (), bench, ("bench", "bench-profiles", "bench-parts", "bench.png")),
     (("bench.json",), OTHER_BENCHES, bench_machines, ("bench-machines",)),
     ((), DECODE, decode, ("decode",)),
+    ((), LIVE, live_overhead, ("live-overhead",)),
+    ((EPISODE_RUNS["pretrain"],), (), pretrain_typed, ("pretrain-typed",)),
     (("episode.json",), (*RUNS, *TEN_MINUTES, "evaluate.json", "context.json", "context-gpu.json"), episode,
      ("episode",)),
     ((), (), rope_speeds, ("rope-speeds",)),

@@ -216,6 +216,13 @@ def fast_decode_pays(device: torch.device | str, dtype: torch.dtype, tokens: int
     return tokens_needed is not None and tokens >= tokens_needed
 
 
+def eager_because(model: GPT, tokens: int) -> str | None:
+    """Why a model keeps its eager step where compiling would pay for `tokens` steps (a LoRA layer, say),
+    so that a script can say so; None where it does not pay anyway, or the model is one it covers."""
+    weight = model.wte.weight
+    return compilable(model) if fast_decode_pays(weight.device, weight.dtype, tokens) else None
+
+
 def use_fast_decode(model: GPT, tokens: int) -> FastDecode | None:
     """Put the compiled step in place of model.decode where it pays for `tokens` one-token steps (and
     the model is one it covers); compiles now. Returns it, or None where the model keeps its own."""

@@ -32,7 +32,7 @@ from mvgpt.bench import machine, sync
 from mvgpt.data import DATA_DIR, data_tokenizer_hash, load_tokens, prepared_data, windows
 from mvgpt.device import pick_device
 from mvgpt.errors import ArgumentParser, at_least, run_main, writable_file
-from mvgpt.fast_decode import use_fast_decode
+from mvgpt.fast_decode import eager_because, use_fast_decode
 from mvgpt.io import write_json
 from mvgpt.model import GPT, KVCache
 from mvgpt.runs import existing_path, read_models
@@ -159,8 +159,13 @@ def load(args: argparse.Namespace) -> tuple[torch.device, list[tuple[str, GPT]],
     tok_hash = data_tokenizer_hash(args.data_dir)
     models = read_models(args.checkpoints, device, tok_hash)
     for name, model in models:  # the cache's one-token steps compiled, where that pays for these streams
-        if model.config.rope and (fast := use_fast_decode(model, args.streams * (args.length or 3 * model.context))):
+        tokens = args.streams * (args.length or 3 * model.context)
+        if not model.config.rope:
+            continue
+        if fast := use_fast_decode(model, tokens):
             print(f"{name}: compiled its one-token step in {fast.warmup_s:.1f} s (mvgpt/fast_decode.py)")
+        elif why := eager_because(model, tokens):
+            print(f"{name}: its one-token step stays eager: {why}, which mvgpt/fast_decode.py does not compile")
     torch.manual_seed(0)
     return device, models, val
 

@@ -81,6 +81,15 @@ def test_compilable_knows_the_episodes_modules_only():
     assert fd.use_fast_decode(model, 10**9) is None  # never for a model it does not cover
 
 
+def test_a_model_kept_eager_where_compiling_would_pay_says_why(monkeypatch):
+    monkeypatch.setattr(fd, "fast_decode_pays", lambda device, dtype, tokens: tokens >= 1000)
+    model = tiny_model(rope=True)
+    assert fd.eager_because(model, 10**6) is None  # one it covers: nothing to say
+    apply_lora(model)
+    assert fd.eager_because(model, 999) is None  # eager anyway: nothing to say
+    assert fd.eager_because(model, 1000) == "blocks.0.attn.qkv is a LoRALinear"
+
+
 # ----------------------------------------------------------------------------------------------
 # The same logits, tokens and losses (compiled, in a process of their own)
 

@@ -359,9 +359,9 @@ def test_ten_minutes_table_from_the_commands_as_typed(results):
     assert text.startswith("From `results/ten-minutes/pretrain.json` (made by `python scripts/pretrain.py "
                            "--minutes 10`), `results/ten-minutes/pretrain-rope.json` (made by")
     rows = rows_of(text)
-    assert rows[1] == ["learned positions", "Made-up CPU", "eager", "700", f"{700 * 4096:,}", "10.0",
+    assert rows[1] == ["learned positions", "Made-up CPU", "eager", "100 steps", "700", "10.0",
                        f"{700 * 4096 / 600.5:,.0f}", f"{700 * 4096 / 600.5:,.0f}", "2.5000"]
-    assert rows[2][:4] == ["rotary embeddings", "Made-up CPU", "compiled", "650"] and len(rows) == 3
+    assert rows[2][:5] == ["rotary embeddings", "Made-up CPU", "compiled", "100 steps", "650"] and len(rows) == 3
     assert "All in bfloat16. " in text  # one dtype: said once, not a column
     (results / "ten-minutes" / "pretrain-rope-eager.json").write_text(json.dumps(pretrain_json("learned", 500, 0.75)))
     other = {**pretrain_json("rope", 400, 1.0), "machine": "Other CPU (AVX2), 2 threads, torch x, cpu"}
@@ -369,13 +369,21 @@ def test_ten_minutes_table_from_the_commands_as_typed(results):
     (results / "amd-epyc" / "ten-minutes" / "pretrain-rope.json").write_text(json.dumps(other))
     text = report.build(results)[0]["ten-minutes"]
     rows = rows_of(text)  # the eager run after the two, then the other CPU's runs, each naming its CPU
-    assert [r[:4] for r in rows[3:]] == [["rotary embeddings", "Made-up CPU", "eager", "500"],
-                                         ["rotary embeddings", "Other CPU (AVX2)", "compiled", "400"]]
+    assert [r[:5] for r in rows[3:]] == [["rotary embeddings", "Made-up CPU", "eager", "100 steps", "500"],
+                                         ["rotary embeddings", "Other CPU (AVX2)", "compiled", "100 steps", "400"]]
     assert "Machine: Made-up CPU, 2 threads, torch x, cpu; Other CPU (AVX2), 2 threads, torch x, cpu" in text
     mixed = report.ten_minutes({"ten-minutes/pretrain.json": pretrain_json("learned", 700, 0.5),
                                 "ten-minutes/pretrain-rope.json": {**pretrain_json("rope", 300, 0.5),
                                                                    "dtype": "float32"}})["ten-minutes"]
     assert rows_of(mixed)[0][3] == "dtype" and rows_of(mixed)[2][3] == "float32" and "All in" not in mixed
+
+
+def test_warm_up_bound_says_whether_the_clock_shortened_it():
+    run = {"warmup": 200, "warmup_share": 0.2, "max_steps": None}
+    assert report.warmup_bound(run) == "200 steps, ≤ 20% of the time"
+    assert report.warmup_bound({**run, "warmup_share": 0.0}) == "200 steps"  # --warmup-share 0
+    assert report.warmup_bound({**run, "max_steps": 1000}) == "200 steps"  # bounded by steps: the share does nothing
+    assert report.warmup_bound({"warmup": 200}) == "200 steps"  # a run from before the share
 
 
 def test_bench_machines_sets_each_cpus_peaks_and_fastest_step_side_by_side(results):
@@ -639,25 +647,33 @@ def test_readme_blocks_name_their_files_machines_and_the_passes_over_the_data(re
                "amd-epyc/episode/evaluate.json": {**evaluate_json(), "machine": amd, "seconds": 150.0},
                "amd-epyc/episode/context.json": {**context_json(), "machine": amd, "seconds": 600.0},
                "amd-epyc/main-job-default/main-job.json": {"machine": amd, "steps": 825, "planned_s": 2586.0,
-                                                           "took_s": 2256.0, "stages": []}}
+                                                           "took_s": 2256.0, "stages": []},
+               "amd-epyc/main-job-default/pretrain-rope.json": {**pretrain_json("rope", 825, 0.4), "machine": amd}}
+    episode["amd-epyc/episode/evaluate.json"]["rows"].append({**evaluate_json()["rows"][1], "model": "lora-rope"})
+    episode["amd-epyc/episode/context.json"]["rows"].append({**context_json()["rows"][2], "model": "lora-rope"})
     for name, d in episode.items():
         (results / name).parent.mkdir(parents=True, exist_ok=True)
         (results / name).write_text(json.dumps(d))
     r = report.load_all(results)
     assert set(r) >= {"ten-minutes/pretrain-rope.json", "episode.json", "data.json"}
     expect = report.readme_expect(r)
-    assert f"The main job's {1178 * 4096 / 1e6:.1f}M training tokens are about {1178 * 4096 / 2_048_000:.1f} passes" \
+    assert f"A model's {1178 * 4096 / 1e6:.1f}M tokens in 1,178 steps are about {1178 * 4096 / 2_048_000:.1f} passes" \
         in expect and "Our runs read 2.0M training tokens (10 stories)" in expect
+    assert "ours saw 2.7M (Intel Xeon) and 2.5M (AMD EPYC)." in expect  # 650 and 600 steps of 4,096 tokens
+    assert "The first row is `pretrain.py --rope` as typed; the rest, the main job's rope model (1,178 steps on the " \
+        "Intel, 825 on the AMD)." in expect
     rows = {row[0]: row[1:] for row in rows_of(expect)}
     assert rows["figure"] == ["the video (at)", *report.EXPECT_MACHINES]
     assert rows["held-out loss after ten minutes, rope (as typed)"] == ["about 2.18 (9:40)", "2.25", "2.50"]
-    assert rows["tokens seen in ten minutes, rope"][1:] == [f"{650 * 4096:,}", f"{600 * 4096:,}"]
-    assert all(f.get("readme") is None or f["what"] in rows for f in r["episode.json"]["figures"])
+    assert all(not f.get("readme") or f["what"] in rows for f in r["episode.json"]["figures"])
     block = report.readme_pretrain(r)
     assert block.startswith("```bash\npython scripts/pretrain.py --rope\n```") and \
         "-> checkpoints/pretrain-rope-2\n" in block and "on a 2-core AMD EPYC (AVX512)" in block
-    assert f"Over the whole run it is {600 * 4096 / 600.5:,.0f}" in block
-    assert "It took 2.5 minutes." in report.readme_evaluate(r) and "It took 10.0 minutes." in report.readme_context(r)
+    assert f"over the whole run, with evaluations and compiling, it is {600 * 4096 / 600.5:,.0f}." in block
+    evaluated, measured = report.readme_evaluate(r), report.readme_context(r)
+    assert "It took 2.5 minutes for all 3 models." in evaluated and "It took 10.0 minutes in all." in measured
+    assert "main job's two (825 steps each)" in evaluated and "\nlora-rope " not in evaluated  # the README's rows only
+    assert "\nlora-rope " not in measured and "\n(rows of 1 more model cut here)\n" in measured
     assert report.context_seconds(r["context.json"]) == pytest.approx(sum(ms * 64 * 2 for ms in (8.0, 12.0, 2.0, 0.5))
                                                                      / 1000)  # no seconds recorded: from ms/token
     assert report.readme_main(r).startswith("As typed, on a 2-core AMD EPYC (AVX512), it chose 825 steps a model, "
