@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -210,10 +211,9 @@ def hashes(folder: Path) -> dict[str, str]:
 # The driver: one process imports everything, each case is a fork of it
 
 
-def run_case(case: Case, world: Path) -> dict:
-    """Fork; the child runs the script as __main__ with the case's argv; the parent waits."""
-    out, err = world.parent / "case.out", world.parent / "case.err"
-    before = hashes(world)
+def run_forked(script: str, args: str, out: Path, err: Path, setup: Callable[[], None] | None = None) -> int:
+    """Fork; the child runs scripts/`script`.py as __main__ with `args`, its output into `out` and `err`
+    (after `setup`, in the child only); the parent waits, and returns its exit status."""
     pid = os.fork()
     if pid == 0:  # the child: as the interpreter runs `python scripts/X.py ARGS`
         code = 1
@@ -221,9 +221,11 @@ def run_case(case: Case, world: Path) -> dict:
             signal.alarm(CASE_SECONDS)
             for fd, path in ((1, out), (2, err)):
                 os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
-            script = str(SCRIPTS / f"{case.script}.py")
-            sys.argv = [script, *case.args.split()]
-            runpy.run_path(script, run_name="__main__")
+            if setup is not None:
+                setup()
+            path = str(SCRIPTS / f"{script}.py")
+            sys.argv = [path, *args.split()]
+            runpy.run_path(path, run_name="__main__")
             code = 0
         except SystemExit as e:  # what the interpreter does with it
             code = 0 if e.code is None else e.code if isinstance(e.code, int) else 1
@@ -236,10 +238,18 @@ def run_case(case: Case, world: Path) -> dict:
             sys.stderr.flush()
             os._exit(code)
     _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+def run_case(case: Case, world: Path) -> dict:
+    """One case in a fork of this process; what it printed and what it changed in the world."""
+    out, err = world.parent / "case.out", world.parent / "case.err"
+    before = hashes(world)
+    code = run_forked(case.script, case.args, out, err)
     after = hashes(world)
     return {
         "command": case.command,
-        "code": os.waitstatus_to_exitcode(status),
+        "code": code,
         "stderr": err.read_text(errors="replace"),
         "changed": sorted(k for k in before if before[k] != after.get(k)),
         "new": sorted(after.keys() - before.keys()),

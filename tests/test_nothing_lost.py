@@ -27,7 +27,6 @@ import subprocess
 import sys
 import textwrap
 import time
-import traceback
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +38,7 @@ import pretrain
 import pytest
 import torch
 from conftest import ROOT, tiny_model
-from test_cli_errors import CASE_SECONDS, HARM_MARK, hashes, make_world
+from test_cli_errors import HARM_MARK, hashes, make_world, run_forked
 from test_instruct import write_corpus as write_instruct_corpus
 
 from mvgpt.checkpoint import read_checkpoint, save_checkpoint
@@ -249,38 +248,17 @@ def disk_full(pattern: str) -> None:
 
 
 def run_case(case: Harm, world: Path) -> dict:
-    """Fork; the child runs the script as __main__ with the case's argv; the parent waits."""
+    """One case in a fork of this process (a full disk set up in the child); what it printed, what it
+    changed in the world, and whether a file it grew kept what it held in front."""
     out, err = world.parent / "case.out", world.parent / "case.err"
     before = {k: (world / k).read_bytes() for k in hashes(world)}
-    pid = os.fork()
-    if pid == 0:  # the child: as the interpreter runs `python scripts/X.py ARGS`
-        code = 1
-        try:
-            signal.alarm(CASE_SECONDS)
-            for fd, path in ((1, out), (2, err)):
-                os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
-            if case.disk_full:
-                disk_full(case.disk_full)
-            script = str(SCRIPTS / f"{case.script}.py")
-            sys.argv = [script, *case.args.split()]
-            runpy.run_path(script, run_name="__main__")
-            code = 0
-        except SystemExit as e:  # what the interpreter does with it
-            code = 0 if e.code is None else e.code if isinstance(e.code, int) else 1
-            if not isinstance(e.code, int) and e.code is not None:
-                sys.stderr.write(f"{e.code}\n")
-        except BaseException:
-            traceback.print_exc()
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
+    code = run_forked(case.script, case.args, out, err,
+                      (lambda: disk_full(case.disk_full)) if case.disk_full else None)
     after = hashes(world)
     changed = sorted(k for k in before if k not in after or hashes_of(before[k]) != after[k])
     return {
         "command": case.command,
-        "code": os.waitstatus_to_exitcode(status),
+        "code": code,
         "stderr": err.read_text(errors="replace"),
         "notes": [line for line in out.read_text(errors="replace").splitlines() if line.startswith("note: ")],
         "changed": changed,
