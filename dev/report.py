@@ -1017,10 +1017,12 @@ def pretrain_typed(r: dict) -> dict:
 def readme_evaluate(r: dict) -> str:
     name = EPISODE_RUNS["evaluate"]
     d = r[name]
+    more = len(d["rows"]) - sum(x["model"] in README_EVALUATE_MODELS for x in d["rows"])
+    cut = f"(rows of {more} more model{'s' if more > 1 else ''} cut here)\n" if more else ""
     return (f"```bash\n{EPISODE_COMMANDS['evaluate']}\n```\n\n"
             f"It reads every held-out story with each model in `checkpoints/`. For the main job's two "
             f"({r[MAIN_JOBS[0] + 'pretrain-rope.json']['steps']:,} steps each) and the run above, it printed "
-            f"(`results/{name}` has every row):\n\n```text\n{evaluate_printed(d, README_EVALUATE_MODELS)}\n```"
+            f"(`results/{name}`):\n\n```text\n{evaluate_printed(d, README_EVALUATE_MODELS)}\n{cut}```"
             f"\n\nIt took {minutes(d['seconds'])} for all {len(d['rows'])} models. The last column is what bf16's "
             f"products cost in loss, against float32.")
 
@@ -1032,7 +1034,7 @@ def readme_context(r: dict) -> str:
     name = EPISODE_RUNS["context"]
     d = r[name]
     return (f"```bash\n{EPISODE_COMMANDS['context']}\n```\n\n"
-            f"It printed, for the main job's two models (`results/{name}` has every row):\n\n"
+            f"It printed, for the main job's two models (`results/{name}`):\n\n"
             f"```text\n{context_printed(d, README_CONTEXT_MODELS)}\n```\n\n"
             f"It took {minutes(context_seconds(d))} in all.")
 
@@ -1077,7 +1079,8 @@ def readme_expect(r: dict) -> str:
             "blocks above):\n\n"
             + table(["figure", "the video (at)", *EXPECT_MACHINES], rows, "lr" + "r" * len(EXPECT_MACHINES))
             + f"\nThe first {first} `pretrain.py --rope` as typed; the rest, the main job's rope model "
-            f"({main_steps[0]:,} steps on the Intel, {main_steps[1]:,} on the AMD). Only the AMD's cache step was "
+            f"(`--max-steps {main_steps[0]}` on the Intel; {main_steps[1]:,} steps, as the job chose, on the AMD). "
+            "Only the AMD's cache step was "
             "compiled.\n"
             + f"\nWhy they differ, one line each:\n\n"
             f"- **The training.** The video's own figures put its rope run at about {video_tokens / 1e6:.1f}M "
@@ -1116,16 +1119,20 @@ def readme_main(r: dict) -> str:
     for folder in MAIN_JOBS:
         if f"{folder}main-job.json" in r:
             job = r[f"{folder}main-job.json"]
-            said.append(f"As typed, on {where(job)}, it chose {job['steps']:,} steps a model, planned "
+            said.append(f"As typed (offline, with `--source DIR`), on {where(job)}, it chose {job['steps']:,} steps "
+                        f"a model, planned "
                         f"{job['planned_s'] / 60:.0f} minutes and took {job['took_s'] / 60:.0f} "
                         f"(`results/{folder}main-job.json`).")
     machines = [("", r["pretrain.json"], r["pretrain-rope.json"])]
     if "amd-epyc/main-job/pretrain.json" in r:
         machines.append(("amd-epyc/main-job/", r["amd-epyc/main-job/pretrain.json"],
                          r["amd-epyc/main-job/pretrain-rope.json"]))
-    runs = [f"{learned['seconds'] / 60:.1f} and {rope['seconds'] / 60:.1f} minutes on the {cpu(learned['machine'])}"
-            for folder, learned, rope in machines]
-    said.append("With `--max-steps 1000`, as under Results, its two models trained " + ", and ".join(runs) + ".")
+    runs = []
+    for _, learned, rope in machines:
+        low, high = (f"{m / 60:.0f}" for m in sorted(x["seconds"] for x in (learned, rope)))
+        runs.append(f"{low if low == high else f'{low} to {high}'} on the {cpu(learned['machine']).split(' (')[0]}")
+    said.append("With `--max-steps 1000` (the runs under Results), a model trained for "
+                + " and ".join(runs).replace(" on the", " minutes on the", 1) + ".")
     return " ".join(said)
 
 

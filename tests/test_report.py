@@ -660,8 +660,8 @@ def test_readme_blocks_name_their_files_machines_and_the_passes_over_the_data(re
     assert f"A model's {1178 * 4096 / 1e6:.1f}M tokens in 1,178 steps are about {1178 * 4096 / 2_048_000:.1f} passes" \
         in expect and "Our runs read 2.0M training tokens (10 stories)" in expect
     assert "ours saw 2.7M (Intel Xeon) and 2.5M (AMD EPYC)." in expect  # 650 and 600 steps of 4,096 tokens
-    assert "The first row is `pretrain.py --rope` as typed; the rest, the main job's rope model (1,178 steps on the " \
-        "Intel, 825 on the AMD)." in expect
+    assert "The first row is `pretrain.py --rope` as typed; the rest, the main job's rope model (`--max-steps 1178` " \
+        "on the Intel; 825 steps, as the job chose, on the AMD)." in expect
     rows = {row[0]: row[1:] for row in rows_of(expect)}
     assert rows["figure"] == ["the video (at)", *report.EXPECT_MACHINES]
     assert rows["held-out loss after ten minutes, rope (as typed)"] == ["about 2.18 (9:40)", "2.25", "2.50"]
@@ -674,10 +674,13 @@ def test_readme_blocks_name_their_files_machines_and_the_passes_over_the_data(re
     assert "It took 2.5 minutes for all 3 models." in evaluated and "It took 10.0 minutes in all." in measured
     assert "main job's two (825 steps each)" in evaluated and "\nlora-rope " not in evaluated  # the README's rows only
     assert "\nlora-rope " not in measured and "\n(rows of 1 more model cut here)\n" in measured
+    assert "\n(rows of 1 more model cut here)\n```" in evaluated
     assert report.context_seconds(r["context.json"]) == pytest.approx(sum(ms * 64 * 2 for ms in (8.0, 12.0, 2.0, 0.5))
                                                                      / 1000)  # no seconds recorded: from ms/token
-    assert report.readme_main(r).startswith("As typed, on a 2-core AMD EPYC (AVX512), it chose 825 steps a model, "
-                                            "planned 43 minutes and took 38 (`results/amd-epyc/main-job-default/")
+    said = report.readme_main(r)
+    assert said.startswith("As typed (offline, with `--source DIR`), on a 2-core AMD EPYC (AVX512), it chose 825 steps "
+                           "a model, planned 43 minutes and took 38 (`results/amd-epyc/main-job-default/")
+    assert said.endswith("a model trained for 10 minutes on the Made-up CPU.")  # 600.5 s both: one figure
     results_rows = rows_of(report.readme_results(r))
     assert results_rows[0][4:7] == ["tokens/s, median step", "tokens / wall time", "held-out loss (evaluate.py)"]
     assert results_rows[1] == ["learned positions", "1,250", f"{1250 * 4096:,}", "10.0", f"{1250 * 4096 / 600.5:,.0f}",
