@@ -159,9 +159,9 @@ def load(args: argparse.Namespace) -> tuple[torch.device, list[tuple[str, GPT]],
     tok_hash = data_tokenizer_hash(args.data_dir)
     models = read_models(args.checkpoints, device, tok_hash)
     for name, model in models:  # the cache's one-token steps compiled, where that pays for these streams
-        tokens = args.streams * (args.length or 3 * model.context)
         if not model.config.rope:
             continue
+        tokens = args.streams * (args.length or 3 * model.context)
         if fast := use_fast_decode(model, tokens):
             print(f"{name}: compiled its one-token step in {fast.warmup_s:.1f} s (mvgpt/fast_decode.py)")
         elif why := eager_because(model, tokens):
