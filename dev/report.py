@@ -936,7 +936,9 @@ EPISODE_COMMANDS = {  # as the README gives them; the video types `python pretra
     "evaluate": "python scripts/evaluate.py checkpoints/* --dtype auto",
     "context": "python scripts/context.py checkpoints/* --device cpu",
 }
-# What those commands printed, typed one after another after a main job (each with --json added), on one machine
+# The main job as typed (its plan against its time, main-job.json, and its runs), and what the episode's commands
+# printed typed one after another after it (each with --json added): on one machine
+MAIN_JOB = "amd-epyc/main-job-default/"
 EPISODE_RUNS = {"pretrain": "amd-epyc/episode/pretrain-rope.json", "evaluate": "amd-epyc/episode/evaluate.json",
                 "context": "amd-epyc/episode/context.json"}
 
@@ -1021,7 +1023,7 @@ def readme_evaluate(r: dict) -> str:
     cut = f"(rows of {more} more model{'s' if more > 1 else ''} cut here)\n" if more else ""
     return (f"```bash\n{EPISODE_COMMANDS['evaluate']}\n```\n\n"
             f"It reads every held-out story with each model in `checkpoints/`. For the main job's two "
-            f"({r[MAIN_JOBS[0] + 'pretrain-rope.json']['steps']:,} steps each) and the run above, it printed "
+            f"({r[MAIN_JOB + 'pretrain-rope.json']['steps']:,} steps each) and the run above, it printed "
             f"(`results/{name}`):\n\n```text\n{evaluate_printed(d, README_EVALUATE_MODELS)}\n{cut}```"
             f"\n\nIt took {minutes(d['seconds'])} for all {len(d['rows'])} models. The last column is what bf16's "
             f"products cost in loss, against float32.")
@@ -1069,7 +1071,7 @@ def readme_expect(r: dict) -> str:
     main_run = r["pretrain-rope.json"]
     typed_rows = sum("ten-minutes/" in f["ours"] for f in figures)  # the episode's pretrain.py --rope, as typed
     first = f"{typed_rows} rows are" if typed_rows > 1 else "row is"
-    main_steps = [main_run["steps"], *(r[f"{m}pretrain-rope.json"]["steps"] for m in MAIN_JOBS)]
+    main_steps = [main_run["steps"], r[MAIN_JOB + "pretrain-rope.json"]["steps"]]  # the Intel's, the AMD's
     tokens_seen = " and ".join(f"{ours(r, on_machine('ten-minutes/pretrain-rope.json::tokens', files)) / 1e6:.1f}M "
                                f"({machine.split(' (')[0]})" for machine, files in EXPECT_MACHINES.items())
     video_tokens = next(f["value"] for f in e["figures"] if f["ours"] == "ten-minutes/pretrain-rope.json::tokens")
@@ -1109,30 +1111,26 @@ def readme_results(r: dict) -> str:
                      "held-out loss (evaluate.py)", "perplexity"], rows))
 
 
-MAIN_JOBS = ["amd-epyc/main-job-default/"]  # the main job as typed, with its plan (main-job.json), per machine
 
 
 def readme_main(r: dict) -> str:
     """How long the main job took against its plan, by default, and its pretraining with --max-steps 1000,
     on each machine it was run on."""
     said = []
-    for folder in MAIN_JOBS:
-        if f"{folder}main-job.json" in r:
-            job = r[f"{folder}main-job.json"]
-            said.append(f"As typed (offline, with `--source DIR`), on {where(job)}, it chose {job['steps']:,} steps "
-                        f"a model, planned "
-                        f"{job['planned_s'] / 60:.0f} minutes and took {job['took_s'] / 60:.0f} "
-                        f"(`results/{folder}main-job.json`).")
-    machines = [("", r["pretrain.json"], r["pretrain-rope.json"])]
-    if "amd-epyc/main-job/pretrain.json" in r:
-        machines.append(("amd-epyc/main-job/", r["amd-epyc/main-job/pretrain.json"],
-                         r["amd-epyc/main-job/pretrain-rope.json"]))
-    runs = []
-    for _, learned, rope in machines:
-        low, high = (f"{m / 60:.0f}" for m in sorted(x["seconds"] for x in (learned, rope)))
-        runs.append(f"{low if low == high else f'{low} to {high}'} on the {cpu(learned['machine']).split(' (')[0]}")
-    said.append("With `--max-steps 1000` (the runs under Results), a model trained for "
-                + " and ".join(runs).replace(" on the", " minutes on the", 1) + ".")
+    if f"{MAIN_JOB}main-job.json" in r:
+        job = r[f"{MAIN_JOB}main-job.json"]
+        said.append(f"As typed (offline, with `--source DIR`), on {where(job)}, it chose {job['steps']:,} steps a "
+                    f"model, planned {job['planned_s'] / 60:.0f} minutes and took {job['took_s'] / 60:.0f} "
+                    f"(`results/{MAIN_JOB}main-job.json`).")
+    spans = []  # the two runs with --max-steps 1000, on each machine that ran them: their minutes
+    for folder in ("", "amd-epyc/main-job/"):
+        if f"{folder}pretrain.json" in r:
+            learned, rope = r[f"{folder}pretrain.json"], r[f"{folder}pretrain-rope.json"]
+            low, high = (f"{s / 60:.0f}" for s in sorted((learned["seconds"], rope["seconds"])))
+            unit = "" if spans else " minutes"
+            spans.append(f"{low if low == high else f'{low} to {high}'}{unit} on the "
+                         f"{cpu(learned['machine']).split(' (')[0]}")
+    said.append("With `--max-steps 1000` (the runs under Results), a model trained for " + " and ".join(spans) + ".")
     return " ".join(said)
 
 

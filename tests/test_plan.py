@@ -1,9 +1,8 @@
 import math
-import sys
 
 import pytest
 import torch
-from conftest import ROOT, tiny_config
+from conftest import tiny_config
 
 from mvgpt import plan
 from mvgpt.bench import forward_flops, training_flops_per_token
@@ -136,28 +135,3 @@ def test_the_plan_prints_each_stage_and_the_total_then_the_time_left_after_each(
         {"stage": "pretrain (learned)", "planned_s": 600.0, "took_s": 660.0},
         {"stage": "evaluate", "planned_s": 120.0, "took_s": 60.0}]}
 
-
-def test_a_printed_plan_reads_back_as_main_jobs_json():
-    """dev/main_job_from_log.py reads what Progress printed back into the JSON main.py writes (to the
-    tenth of a minute it prints)."""
-    sys.path.insert(0, str(ROOT / "dev"))
-    import main_job_from_log
-
-    said, now = [], [100.0]
-    stages_ = [plan.Stage("pretrain (learned)", 612.0, "825 steps"), plan.Stage("sweep", 90.0, "1 token")]
-    progress = Progress(stages_, started=10.0, clock=lambda: now[0], say=said.append)
-    progress.show("825 steps each, about ten minutes for the first kind here; measured in 65 s")
-    for name, took in (("pretrain (learned)", 642.0), ("sweep", 84.0)):
-        now[0] += took
-        progress.done(name)
-    log = "$ python scripts/prepare.py\nwrote data/\n" + "\n".join(said) + "\n\ndone\n"
-    got = main_job_from_log.read_log(log)
-    want = progress.summary()
-    assert got["steps"] == 825 and [s["stage"] for s in got["stages"]] == ["pretrain (learned)", "sweep"]
-    assert got["planned_s"] == pytest.approx(want["planned_s"], abs=3) and got["took_s"] == pytest.approx(
-        want["took_s"], abs=3)
-    for read, stage in zip(got["stages"], want["stages"], strict=True):
-        assert read["planned_s"] == pytest.approx(stage["planned_s"], abs=3)
-        assert read["took_s"] == pytest.approx(stage["took_s"], abs=3)
-    with pytest.raises(SystemExit, match="no plan in this log"):
-        main_job_from_log.read_log("$ python scripts/prepare.py\n")
