@@ -22,6 +22,8 @@ from __future__ import annotations
 import argparse
 import json
 import signal
+import socket
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
@@ -277,10 +279,47 @@ def load_app(args: argparse.Namespace) -> Live:
     return Live(models, tokenizer, load_tokens(args.data_dir, "val"), Limits(tokens=args.max_tokens))
 
 
-def make_server(app: Live, host: str, port: int) -> ThreadingHTTPServer:
+class LiveServer(ThreadingHTTPServer):
+    """A thread per request; stopping waits for them. A thread left inside torch while Python exits can
+    abort the process ("terminate called without an active exception"), so none is left behind."""
+
+    daemon_threads = False  # server_close() joins every request's thread
+
+    def __init__(self, address: tuple[str, int], handler: type[Handler]) -> None:
+        super().__init__(address, handler)
+        self.open: set[socket.socket] = set()  # the connections being answered
+        self.open_lock = threading.Lock()
+
+    def process_request(self, request: socket.socket, client_address: tuple) -> None:
+        with self.open_lock:
+            self.open.add(request)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request: socket.socket) -> None:
+        with self.open_lock:
+            self.open.discard(request)
+        super().shutdown_request(request)
+
+    def hang_up(self) -> None:
+        """Close every connection's both ways: a thread waiting for a request stops now, a stream at its
+        next write (the token or the method it is computing finishes first)."""
+        with self.open_lock:
+            for request in self.open:
+                try:
+                    request.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass  # already closed by the other side
+
+    def handle_error(self, request: socket.socket, client_address: tuple) -> None:
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return  # the page left mid-answer: there is no one to tell
+        super().handle_error(request, client_address)
+
+
+def make_server(app: Live, host: str, port: int) -> LiveServer:
     """A threaded server (each page's stream on its own thread) for app, listening on host:port."""
     try:
-        server = ThreadingHTTPServer((host, port), Handler)
+        server = LiveServer((host, port), Handler)
     except OSError as e:
         raise UserError(f"cannot listen on {host}:{port} ({e.strerror}): pick another --port "
                         "(--port 0 takes any free one)") from None
@@ -307,18 +346,24 @@ def main(argv: list[str] | None = None) -> None:
     app = load_app(args)
     server = make_server(app, args.host, args.port)
     host, port = server.server_address[:2]
+
+    def stop(signum: int, frame: object) -> None:
+        app.stopping.set()  # streams end at their next token, and the loop below at its next turn
+
     # Ctrl-C and SIGTERM stop it, whatever the shell that started it did with them (a shell's background
-    # job starts with Ctrl-C ignored, and Python then leaves it so)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    # job starts with Ctrl-C ignored, and Python then leaves it so). They only set a flag: a
+    # KeyboardInterrupt could land anywhere in the main thread, and be caught there and lost.
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
     print(f"serving http://{host}:{port}/ (Ctrl-C stops it)", flush=True)
+    server.timeout = 0.5  # handle_request returns at least this often, to look at the flag
     try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        app.stopping.set()  # streams end at their next token; their threads do not hold the exit
-        print("stopped", flush=True)
+        while not app.stopping.is_set():
+            server.handle_request()  # a request's answer runs on a thread of its own
+        server.hang_up()  # connections that are still to send a request end now
     finally:
-        server.server_close()
+        server.server_close()  # waits for every request's thread: none is left inside torch at exit
+    print("stopped", flush=True)
 
 
 if __name__ == "__main__":

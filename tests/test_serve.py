@@ -282,10 +282,13 @@ def test_a_checkpoint_that_does_not_load_is_one_line_and_exit_1(checkpoints, dat
         serve.main([str(checkpoints / "tiny"), str(checkpoints / "tiny" / "ckpt.pt"), "--data-dir", str(data_dir)])
 
 
-@pytest.mark.parametrize("how", ["SIGINT", "SIGINT, started in the background", "SIGTERM"])
+@pytest.mark.parametrize("how", ["SIGINT", "SIGINT, started in the background", "SIGTERM", "SIGINT, mid-story",
+                                 "SIGINT, mid-read", "SIGINT, with a connection that sent nothing"])
 def test_the_command_says_its_address_in_one_line_and_ctrl_c_stops_it(checkpoints, data_dir, how):
     """Ctrl-C stops it, also where it was started as a shell's background job (which ignores Ctrl-C, a
-    setting Python keeps unless told otherwise), and so does SIGTERM."""
+    setting Python keeps unless told otherwise), and so does SIGTERM; cleanly (exit 0, nothing on stderr)
+    while a page's story is being written or a piece read (a thread left inside torch at exit can abort
+    the process), and at once with a connection open that never sent its request (a browser's preconnect)."""
     background = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if "background" in how else None
     child = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "serve.py"), str(checkpoints / "tiny-rope"),
                               "--data-dir", str(data_dir), "--device", "cpu", "--port", "0"],
@@ -298,9 +301,18 @@ def test_the_command_says_its_address_in_one_line_and_ctrl_c_stops_it(checkpoint
         port = int(line.split(":")[2].split("/")[0])
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
         conn.request("GET", "/api/info")
-        assert conn.getresponse().status == 200
-        child.send_signal(getattr(signal, how.split(",")[0]))
-        out, err = child.communicate(timeout=30)
+        assert conn.getresponse().status == 200  # its connection still open when the signal comes
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+            if "mid-" in how:  # the signal comes once the stream has begun, its thread inside the model
+                path = b"/api/write?models=tiny-rope&tokens=1024" if "story" in how else b"/api/read?model=tiny-rope"
+                s.sendall(b"GET " + path + b" HTTP/1.0\r\nHost: localhost\r\n\r\n")
+                received = b""
+                while b"event: " not in received:
+                    received += s.recv(4096)
+            t0 = time.monotonic()
+            child.send_signal(getattr(signal, how.split(",")[0]))
+            out, err = child.communicate(timeout=30)
+            assert time.monotonic() - t0 < 10
     finally:
         if child.poll() is None:
             child.kill()
