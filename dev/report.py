@@ -47,6 +47,7 @@ LINEAR_PRODUCTS = {"linear_products.json": "linear-products",  # dev/linear_prod
                    "amd-epyc/linear_products.json": "linear-products-amd-epyc"}
 DECODE = ("decode.json", "amd-epyc/decode.json")  # dev/decode_vs_llama.py on each CPU kind measured
 LIVE = ("live-overhead.json", "amd-epyc/live-overhead.json")  # dev/live_overhead.py on each CPU kind measured
+GRAPH = ("decode-graph.json", "amd-epyc/decode-graph.json")  # dev/decode_graph.py on each CPU kind measured
 Draw = Callable  # draw(plt) -> a matplotlib figure
 SPEEDS = ("Two speeds: the median step's tokens/s, the training step alone, and tokens over the run's wall time, "
           "which also counts the evaluations every 25 steps, the checkpoints and, compiled, the first step's "
@@ -818,6 +819,31 @@ def decode(r: dict) -> dict:
     return {"decode": text}
 
 
+def decode_graph(r: dict) -> dict:
+    """dev/decode_graph.py: the compiled step, its graph alone, and the graph's parts against their floors."""
+    runs = [(n, r[n]) for n in GRAPH if n in r]
+    if not runs:
+        return {"decode-graph": PLACEHOLDER.format(missing=" or ".join(GRAPH))}
+    text = ""
+    for name, d in runs:
+        rows = []
+        for x in d["rows"]:
+            floor = sum(p["floor_ms"] for p in x["parts"])  # the bytes of all three parts
+            rows += [[x["dtype"], "the whole step", f"{x['whole_ms']:.3f}", f"{floor:.3f}",
+                      f"{x['whole_ms'] / floor:.2f}×"],
+                     [x["dtype"], "around the graph (Python, the cache's writes, Dynamo's guards)",
+                      f"{x['around_ms']:.3f}", "", ""],
+                     [x["dtype"], "the graph", f"{x['graph_ms']:.3f}", "", ""]]
+            rows += [[x["dtype"], f"– {p['part']}", f"{p['ms']:.3f}", f"{p['floor_ms']:.3f}", f"{p['over_floor']:.2f}×"]
+                     for p in x["parts"]]
+        text += (head((name, d)) + f"{d['threads']} threads, {d['held']} held; {d['rounds']} turns of {d['calls']} "
+                 "steps each, each step timed after a read of other data larger than the caches; the medians. A "
+                 f"part's floor: its bytes at {d['read_bandwidth'] / 1e9:.1f} GB/s, the memory's read bandwidth "
+                 "measured in the same run; the step's, the three parts' bytes.\n\n"
+                 + table(["weights", "what", "ms/token", "floor ms", "× floor"], rows, "ll") + "\n")
+    return {"decode-graph": text}
+
+
 def live_overhead(r: dict) -> dict:
     """dev/live_overhead.py: the live page's ms per token against context.py's step, per model."""
     runs = [(n, r[n]) for n in LIVE if n in r]
@@ -1168,6 +1194,7 @@ OUTPUTS: list[tuple[tuple[str, ...], tuple[str, ...], Callable[[dict], dict], tu
     (("bench.json",), OTHER_BENCHES, bench_machines, ("bench-machines",)),
     ((), DECODE, decode, ("decode",)),
     ((), LIVE, live_overhead, ("live-overhead",)),
+    ((), GRAPH, decode_graph, ("decode-graph",)),
     ((EPISODE_RUNS["pretrain"],), (), pretrain_typed, ("pretrain-typed",)),
     (("episode.json",), (*RUNS, *TEN_MINUTES, "evaluate.json", "context.json", "context-gpu.json"), episode,
      ("episode",)),

@@ -729,3 +729,25 @@ def test_decode_table_sets_each_step_beside_llama_cpp_and_its_floor():
     assert table.startswith("From `results/amd-epyc/decode.json` (made by `python dev/decode_vs_llama.py`)")
     assert "at 40.0 GB/s" in table and "Note: a busy host" in table and "llama-cpp-python 0.3.36" in table
     assert "Not measured yet" in report.decode({})["decode"]
+
+
+def test_decode_graph_table_sets_the_graphs_parts_beside_their_floors():
+    parts = [{"part": "the blocks (their products, norms, GELU; 2 held)", "ms": 0.9, "bytes": 42_000_000,
+              "floor_ms": 0.84, "over_floor": 0.9 / 0.84},
+             {"part": "attention over 253 more held", "ms": 0.15, "bytes": 4_700_000, "floor_ms": 0.094,
+              "over_floor": 0.15 / 0.094}]
+    d = {"command": "python dev/decode_graph.py", "machine": MACHINE, "threads": 2, "held": 255, "rounds": 40,
+         "calls": 16, "read_bandwidth": 50e9,
+         "rows": [{"dtype": "float32", "whole_ms": 1.3, "graph_ms": 1.2, "around_ms": 0.1, "parts": parts}]}
+    table = report.decode_graph({"amd-epyc/decode-graph.json": d})["decode-graph"]
+    assert rows_of(table) == [
+        ["weights", "what", "ms/token", "floor ms", "× floor"],
+        ["float32", "the whole step", "1.300", "0.934", "1.39×"],
+        ["float32", "around the graph (Python, the cache's writes, Dynamo's guards)", "0.100", "", ""],
+        ["float32", "the graph", "1.200", "", ""],
+        ["float32", "– the blocks (their products, norms, GELU; 2 held)", "0.900", "0.840", "1.07×"],
+        ["float32", "– attention over 253 more held", "0.150", "0.094", "1.60×"]]
+    assert table.startswith("From `results/amd-epyc/decode-graph.json` (made by `python dev/decode_graph.py`)")
+    assert "2 threads, 255 held; 40 turns of 16 steps each, each step timed after a read" in table
+    assert "at 50.0 GB/s" in table
+    assert "Not measured yet" in report.decode_graph({})["decode-graph"]
