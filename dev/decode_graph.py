@@ -16,6 +16,8 @@ Inside the graph, the parts that read memory, each against the time to read its 
 memory's read bandwidth (its floor), found by taking parts away: the same graph with 2 held instead
 of 255 (the difference: attention over the other 253 keys and values), and the output layer's
 product compiled alone (the rest of the 2-held graph: the blocks, their products and all else).
+Beside them, every product of the step compiled alone, each on an input of its own: what the
+products take when none waits for another and nothing runs between them.
 
 Examples:
     python dev/decode_graph.py --json results/amd-epyc/decode-graph.json      # about twenty seconds
@@ -91,7 +93,16 @@ def measure(config: GPTConfig, dtype: torch.dtype, rounds: int, calls: int, band
     def output_layer_alone() -> None:
         output_layer(x, model.lm_head.weight)
 
-    fns = {"whole": whole, "graph": graph, "graph_2_held": graph_2_held, "output_layer": output_layer_alone}
+    pairs = [pair for w in fast.weights[1] for pair in (w.qkv, w.proj, w.fc, w.mlp_proj)]
+    pairs.append((model.lm_head.weight, None))
+    inputs = [torch.randn(1, weight.shape[1]) for weight, _ in pairs]
+    products = torch.compile(every_product, options=INDUCTOR_OPTIONS)
+
+    def products_alone() -> None:
+        products(inputs, pairs)
+
+    fns = {"whole": whole, "graph": graph, "graph_2_held": graph_2_held, "output_layer": output_layer_alone,
+           "products_alone": products_alone}
     times = {name: [] for name in fns}
     other = torch.ones(other_mbytes * 2**20 // 4)
     for fn in fns.values():  # once unmeasured: the graph for any number held is built by FastDecode already
@@ -103,7 +114,22 @@ def measure(config: GPTConfig, dtype: torch.dtype, rounds: int, calls: int, band
     return {"dtype": dtype_name(dtype), "whole_ms": ms["whole"], "graph_ms": ms["graph"],
             "around_ms": ms["whole"] - ms["graph"], "around_share": (ms["whole"] - ms["graph"]) / ms["whole"],
             "compile_s": fast.warmup_s, "graph_2_held_ms": ms["graph_2_held"], "output_layer_ms": ms["output_layer"],
-            "parts": graph_parts(model, held, ms, bandwidth)}
+            "parts": graph_parts(model, held, ms, bandwidth),
+            "products_alone": against_floor("every product alone, none waiting for another", ms["products_alone"],
+                                            sum(t.numel() * t.element_size() for pair in pairs for t in pair
+                                                if t is not None), bandwidth)}
+
+
+def every_product(inputs: list[torch.Tensor], pairs: list[tuple]) -> list[torch.Tensor]:
+    """The step's matrix-vector products, each on an input of its own: none waits for another's output,
+    and nothing runs between them (no norm, attention or GELU)."""
+    return [matvec(x, weight, bias) for x, (weight, bias) in zip(inputs, pairs, strict=True)]
+
+
+def against_floor(part: str, ms: float, nbytes: int, bandwidth: float) -> dict:
+    """A part's ms beside the time to read its bytes at `bandwidth` (its floor)."""
+    floor = nbytes / bandwidth * 1e3
+    return {"part": part, "ms": ms, "bytes": nbytes, "floor_ms": floor, "over_floor": ms / floor}
 
 
 def graph_parts(model: GPT, held: int, ms: dict[str, float], bandwidth: float) -> list[dict]:
@@ -117,9 +143,7 @@ def graph_parts(model: GPT, held: int, ms: dict[str, float], bandwidth: float) -
               block_bytes),
              (f"attention over {held - 2} more held", ms["graph"] - ms["graph_2_held"], kv_bytes),
              ("the output layer's product", ms["output_layer"], head_bytes)]
-    floors = [n / bandwidth * 1e3 for _, _, n in parts]
-    return [{"part": name, "ms": t, "bytes": n, "floor_ms": floor, "over_floor": t / floor}
-            for (name, t, n), floor in zip(parts, floors, strict=True)]
+    return [against_floor(name, t, n, bandwidth) for name, t, n in parts]
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -148,7 +172,7 @@ def main(argv: list[str] | None = None) -> dict:
               f"({r['around_share']:.0%})")
     print(f"\nthe graph's parts, against reading their bytes at {bandwidth / 1e9:.1f} GB/s:")
     for r in rows:
-        for part in r["parts"]:
+        for part in [*r["parts"], r["products_alone"]]:
             print(f"{r['dtype']:<10} {part['part']:<50} {part['ms']:>7.3f} ms  floor {part['floor_ms']:.3f} ms  "
                   f"{part['over_floor']:.2f}x")
     result = {"command": shlex.join(["python", "dev/decode_graph.py", *(sys.argv[1:] if argv is None else argv)]),

@@ -836,6 +836,9 @@ def decode_graph(r: dict) -> dict:
                      [x["dtype"], "the graph", f"{x['graph_ms']:.3f}", "", ""]]
             rows += [[x["dtype"], f"– {p['part']}", f"{p['ms']:.3f}", f"{p['floor_ms']:.3f}", f"{p['over_floor']:.2f}×"]
                      for p in x["parts"]]
+            alone = x["products_alone"]
+            rows.append([x["dtype"], f"for comparison: {alone['part']}", f"{alone['ms']:.3f}",
+                         f"{alone['floor_ms']:.3f}", f"{alone['over_floor']:.2f}×"])
         text += (head((name, d)) + f"{d['threads']} threads, {d['held']} held; {d['rounds']} turns of {d['calls']} "
                  "steps each, each step timed after a read of other data larger than the caches; the medians. A "
                  f"part's floor: its bytes at {d['read_bandwidth'] / 1e9:.1f} GB/s, the memory's read bandwidth "

@@ -45,6 +45,9 @@ def test_the_graphs_parts_add_up_to_it_and_count_their_bytes(measured):
         assert parts["the output layer's product"]["ms"] == r["output_layer_ms"]
         assert parts["attention over 13 more held"]["ms"] == pytest.approx(r["graph_ms"] - r["graph_2_held_ms"])
         assert [p["bytes"] for p in r["parts"]] == [block * element, 2 * L * 13 * C * element, 300 * C * element]
-        for p in r["parts"]:
+        products = L * (C * 3 * C + 3 * C + C * C + C + C * 4 * C + 4 * C + 4 * C * C + C) + 300 * C  # and biases
+        assert r["products_alone"]["part"] == "every product alone, none waiting for another"
+        assert r["products_alone"]["bytes"] == products * element and r["products_alone"]["ms"] > 0
+        for p in [*r["parts"], r["products_alone"]]:
             assert p["floor_ms"] == pytest.approx(p["bytes"] / d["read_bandwidth"] * 1e3)
             assert p["over_floor"] == pytest.approx(p["ms"] / p["floor_ms"])

@@ -738,7 +738,9 @@ def test_decode_graph_table_sets_the_graphs_parts_beside_their_floors():
               "over_floor": 0.15 / 0.094}]
     d = {"command": "python dev/decode_graph.py", "machine": MACHINE, "threads": 2, "held": 255, "rounds": 40,
          "calls": 16, "read_bandwidth": 50e9,
-         "rows": [{"dtype": "float32", "whole_ms": 1.3, "graph_ms": 1.2, "around_ms": 0.1, "parts": parts}]}
+         "rows": [{"dtype": "float32", "whole_ms": 1.3, "graph_ms": 1.2, "around_ms": 0.1, "parts": parts,
+                   "products_alone": {"part": "every product alone, none waiting for another", "ms": 0.8,
+                                      "bytes": 42_000_000, "floor_ms": 0.84, "over_floor": 0.8 / 0.84}}]}
     table = report.decode_graph({"amd-epyc/decode-graph.json": d})["decode-graph"]
     assert rows_of(table) == [
         ["weights", "what", "ms/token", "floor ms", "× floor"],
@@ -746,7 +748,8 @@ def test_decode_graph_table_sets_the_graphs_parts_beside_their_floors():
         ["float32", "around the graph (Python, the cache's writes, Dynamo's guards)", "0.100", "", ""],
         ["float32", "the graph", "1.200", "", ""],
         ["float32", "– the blocks (their products, norms, GELU; 2 held)", "0.900", "0.840", "1.07×"],
-        ["float32", "– attention over 253 more held", "0.150", "0.094", "1.60×"]]
+        ["float32", "– attention over 253 more held", "0.150", "0.094", "1.60×"],
+        ["float32", "for comparison: every product alone, none waiting for another", "0.800", "0.840", "0.95×"]]
     assert table.startswith("From `results/amd-epyc/decode-graph.json` (made by `python dev/decode_graph.py`)")
     assert "2 threads, 255 held; 40 turns of 16 steps each, each step timed after a read" in table
     assert "at 50.0 GB/s" in table
