@@ -52,6 +52,7 @@ LOCAL_NAMES = {"127.0.0.1", "localhost", "::1"}
 # The page loads its own files and nothing else: a CDN link slipped in would fail here too, not only offline.
 port_number = number(int, lambda v: 0 <= v <= 65535, "a whole number from 0 to 65535")
 SECURITY = {"Content-Security-Policy": "default-src 'self'", "X-Content-Type-Options": "nosniff"}
+WAITING = "stopping: the models finish the step they are on first"
 
 
 @dataclass
@@ -301,7 +302,7 @@ class LiveServer(ThreadingHTTPServer):
         super().shutdown_request(request)
 
     def hang_up(self) -> None:
-        """Close every connection's both ways: a thread waiting for a request stops now, a stream at its
+        """Shut every connection both ways: a thread waiting for a request stops now, a stream at its
         next write (the token or the method it is computing finishes first)."""
         with self.open_lock:
             for request in self.open:
@@ -361,6 +362,8 @@ def main(argv: list[str] | None = None) -> None:
         while not app.stopping.is_set():
             server.handle_request()  # a request's answer runs on a thread of its own
         server.hang_up()  # connections that are still to send a request end now
+        if app.lock.locked():  # a page's step is running: reading a piece can take seconds
+            print(WAITING, flush=True)
     finally:
         server.server_close()  # waits for every request's thread: none is left inside torch at exit
     print("stopped", flush=True)

@@ -316,7 +316,10 @@ def test_the_command_says_its_address_in_one_line_and_ctrl_c_stops_it(checkpoint
     finally:
         if child.poll() is None:
             child.kill()
-    assert child.returncode == 0 and out == "stopped\n" and err == ""
+    # where a model was still on a step when the loop saw the signal, it says it waits for it
+    assert child.returncode == 0 and out in ("stopped\n", serve.WAITING + "\nstopped\n") and err == ""
+    if "mid-" not in how:
+        assert out == "stopped\n"
 
 
 # ----------------------------------------------------------------------------------------------
