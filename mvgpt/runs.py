@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from mvgpt.checkpoint import CheckpointError, checkpoint_path, load_model
+from mvgpt.checkpoint import CheckpointError, checkpoint_arg, checkpoint_path, load_model
 from mvgpt.lora import adapter_path, check_base, load_adapter, read_adapter, weights_hash
 from mvgpt.model import GPT
 
@@ -38,6 +38,14 @@ def existing_path(text: str) -> str:
         raise argparse.ArgumentTypeError(f"nothing at {text}: give a run folder or a checkpoint file "
                                          "(train one with `python scripts/pretrain.py`), or check the path")
     return text
+
+
+def model_arg(text: str) -> str:
+    """An argparse type for one model: a checkpoint (run folder or file), or a LoRA run folder (read on
+    its base by find_models), checked to be there."""
+    if Path(text).is_dir() and adapter_path(text).is_file():
+        return text
+    return checkpoint_arg(text)
 
 
 def base_candidates(adapter_file: Path, recorded: object) -> list[Path]:

@@ -8,8 +8,9 @@ Examples:
     python scripts/sample.py checkpoints/pretrain --prompt "Lily saw a cat." --temperature 0
     python scripts/sample.py checkpoints/pretrain-rope --dtype bfloat16    # bf16 weights: half the bytes a step reads
     python scripts/sample.py /tmp/tiny --data-dir /tmp/tinydata --device cpu --max-new-tokens 20
-    python scripts/sample.py checkpoints/pretrain-rope --adapter checkpoints/lora-rope \\
-        --prompt $'Words: kite, windy, string\\nFeatures: Dialogue\\nStory:\\n'   # LoRA, unmerged
+    python scripts/sample.py checkpoints/lora-rope \\
+        --prompt $'Words: kite, windy, string\\nFeatures: Dialogue\\nStory:\\n'   # LoRA on its base, unmerged
+    python scripts/sample.py checkpoints/pretrain-rope --adapter checkpoints/lora-rope   # the same, base named
 """
 
 from __future__ import annotations
@@ -20,21 +21,41 @@ from pathlib import Path
 
 import torch
 
-from mvgpt.checkpoint import checkpoint_arg, load_model
+from mvgpt.checkpoint import CheckpointError
 from mvgpt.cli import add_context_args, apply_context_args
 from mvgpt.data import DATA_DIR, data_tokenizer_hash, prepared_data
 from mvgpt.device import pick_device
-from mvgpt.errors import ArgumentParser, non_negative_float, non_negative_int, positive_int, run_main, seed
+from mvgpt.errors import ArgumentParser, UserError, non_negative_float, non_negative_int, positive_int, run_main, seed
 from mvgpt.fast_decode import use_fast_decode
 from mvgpt.lora import load_adapter
+from mvgpt.model import GPT
 from mvgpt.precision import CHOICES as DTYPE_CHOICES
 from mvgpt.precision import resolve_dtype
+from mvgpt.runs import find_models, load_source, model_arg
 from mvgpt.tokenizer import Tokenizer
+
+
+def load(path: str, adapter: str | None, device: torch.device, tok_hash: str | None) -> GPT:
+    """The checkpoint at path, or a LoRA run folder read as its base with the adapter (as context.py
+    reads it); --adapter puts one on a checkpoint."""
+    sources, skipped = find_models([path], tok_hash)
+    if skipped:  # a LoRA run whose base is not found
+        raise CheckpointError(f"no model to sample with: {skipped[0]}")
+    source = sources[0]
+    if source.adapter is not None:
+        if adapter:
+            raise UserError(f"{path} is a LoRA run already, on {source.checkpoint.parent.name}: drop --adapter")
+        print(f"sampling with {source.name}", file=sys.stderr)
+    model = load_source(source, device, tok_hash)
+    if adapter:
+        load_adapter(model, adapter, tok_hash)
+    return model
 
 
 def main(argv: list[str] | None = None) -> str:
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("checkpoint", type=checkpoint_arg, help="run folder or checkpoint file")
+    p.add_argument("checkpoint", type=model_arg,
+                   help="run folder or checkpoint file (a LoRA run folder: its base, with the adapter)")
     p.add_argument("--prompt", default="Once upon a time")
     p.add_argument("--max-new-tokens", type=non_negative_int, default=300, help="may exceed the window")
     p.add_argument("--temperature", type=non_negative_float, default=0.8, help="0 is greedy")
@@ -52,9 +73,7 @@ def main(argv: list[str] | None = None) -> str:
     device = pick_device(args.device)
     tokenizer = Tokenizer.load(Path(args.data_dir) / "tokenizer.json")
     tok_hash = data_tokenizer_hash(args.data_dir) or tokenizer.hash
-    model, _ = load_model(args.checkpoint, device, tok_hash)
-    if args.adapter:
-        load_adapter(model, args.adapter, tok_hash)
+    model = load(args.checkpoint, args.adapter, device, tok_hash)
     model.to(resolve_dtype(args.dtype, device))
     apply_context_args(model, args)  # --ctx: the window generate reads and slides
     ids = tokenizer.encode(args.prompt) or [tokenizer.eot]

@@ -120,3 +120,25 @@ def test_the_readme_reading_commands_work_as_typed_after_the_main_job(script, tm
             assert f"\n{name} " in done.stdout, (command, done.stdout)
         if "checkpoints/*" in command:
             assert "lora-rope (LoRA on pretrain-rope)" in done.stdout
+
+
+def test_sample_reads_a_lora_run_folder_on_its_base(tmp_path, data_dir):
+    """`sample.py checkpoints/lora-rope` writes what `sample.py checkpoints/pretrain-rope --adapter
+    checkpoints/lora-rope` writes, and says which base it used; both at once is one line, exit 1."""
+    shutil.copytree(data_dir, tmp_path / "data")
+    main_job_layout(tmp_path / "checkpoints", data_tokenizer_hash(data_dir), "checkpoints/pretrain-rope")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+
+    def sample(args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", "-c", f"python {ROOT}/scripts/sample.py {args} --max-new-tokens 40 "
+                               "--temperature 0 --device cpu"], cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=300)
+
+    folder, named, base = (sample("checkpoints/lora-rope"), sample("checkpoints/pretrain-rope --adapter "
+                           "checkpoints/lora-rope"), sample("checkpoints/pretrain-rope"))
+    assert folder.returncode == named.returncode == base.returncode == 0, folder.stderr + named.stderr
+    assert folder.stdout == named.stdout != base.stdout  # the adapter is applied, on the right base
+    assert folder.stderr == "sampling with lora-rope (LoRA on pretrain-rope)\n" and named.stderr == ""
+    both = sample("checkpoints/lora-rope --adapter checkpoints/lora-rope")
+    assert both.returncode == 1 and both.stdout == ""
+    assert both.stderr == "error: checkpoints/lora-rope is a LoRA run already, on pretrain-rope: drop --adapter\n"
