@@ -106,6 +106,15 @@ def find_models(paths: list[str], tokenizer_hash: str | None = None) -> tuple[li
     return models, skipped
 
 
+def find_model(path: str, tokenizer_hash: str | None = None) -> ModelSource:
+    """The one model a path holds, for a script that takes one (a LoRA run: on its base), or a
+    one-line error saying why there is none."""
+    models, skipped = find_models([path], tokenizer_hash)
+    if not models:
+        raise CheckpointError(f"no model at {skipped[0]}")
+    return models[0]
+
+
 def is_adapter(file: Path) -> bool:
     """Whether a .pt file holds a LoRA adapter (its own dict), not a checkpoint."""
     try:

@@ -21,7 +21,6 @@ from pathlib import Path
 
 import torch
 
-from mvgpt.checkpoint import CheckpointError
 from mvgpt.cli import add_context_args, apply_context_args
 from mvgpt.data import DATA_DIR, data_tokenizer_hash, prepared_data
 from mvgpt.device import pick_device
@@ -31,17 +30,14 @@ from mvgpt.lora import load_adapter
 from mvgpt.model import GPT
 from mvgpt.precision import CHOICES as DTYPE_CHOICES
 from mvgpt.precision import resolve_dtype
-from mvgpt.runs import find_models, load_source, model_arg
+from mvgpt.runs import find_model, load_source, model_arg
 from mvgpt.tokenizer import Tokenizer
 
 
 def load(path: str, adapter: str | None, device: torch.device, tok_hash: str | None) -> GPT:
     """The checkpoint at path, or a LoRA run folder read as its base with the adapter (as context.py
     reads it); --adapter puts one on a checkpoint."""
-    sources, skipped = find_models([path], tok_hash)
-    if skipped:  # a LoRA run whose base is not found
-        raise CheckpointError(f"no model to sample with: {skipped[0]}")
-    source = sources[0]
+    source = find_model(path, tok_hash)
     if source.adapter is not None:
         if adapter:
             raise UserError(f"{path} is a LoRA run already, on {source.checkpoint.parent.name}: drop --adapter")

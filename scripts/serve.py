@@ -14,6 +14,7 @@ own files are served, and it listens on 127.0.0.1 unless --host says otherwise.
 Examples:
     python scripts/serve.py checkpoints/pretrain-rope checkpoints/pretrain     # then open the address
     python scripts/serve.py checkpoints/pretrain-rope --port 8080
+    python scripts/serve.py checkpoints/lora-rope checkpoints/pretrain-rope   # a LoRA run, on its base, beside it
     python scripts/serve.py /tmp/tiny --data-dir /tmp/tinydata --device cpu --port 0   # tiny; any free port
 """
 
@@ -37,12 +38,13 @@ import numpy as np
 from context import LOSS_METHODS
 
 from mvgpt import live
-from mvgpt.checkpoint import CHECKPOINT_NAME, checkpoint_arg, load_model
+from mvgpt.checkpoint import CHECKPOINT_NAME
 from mvgpt.data import DATA_DIR, data_tokenizer_hash, load_tokens, prepared_data, windows
 from mvgpt.device import pick_device
 from mvgpt.errors import ArgumentParser, UserError, at_least, number, run_main
 from mvgpt.live import Limits, LiveError, sse
 from mvgpt.model import GPT
+from mvgpt.runs import find_model, load_source, model_arg
 from mvgpt.tokenizer import Tokenizer
 
 STATIC = Path(live.__file__).with_name("live_static")  # the page: index.html, live.js, live.css
@@ -276,7 +278,7 @@ def load_app(args: argparse.Namespace) -> Live:
         name = run_name(path)
         if name in models:
             raise UserError(f"two checkpoints are named {name}: give each its own run folder")
-        models[name] = load_model(path, device, tok_hash)[0]
+        models[name] = load_source(find_model(path, tok_hash), device, tok_hash)  # a LoRA run: on its base
     return Live(models, tokenizer, load_tokens(args.data_dir, "val"), Limits(tokens=args.max_tokens))
 
 
@@ -331,7 +333,8 @@ def make_server(app: Live, host: str, port: int) -> LiveServer:
 
 def parser() -> argparse.ArgumentParser:
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("checkpoints", nargs="+", type=checkpoint_arg, help="run folders or checkpoint files")
+    p.add_argument("checkpoints", nargs="+", type=model_arg,
+                   help="run folders or checkpoint files (a LoRA run folder: its base, with the adapter)")
     p.add_argument("--port", type=port_number, default=8000, help="0: any free port")
     p.add_argument("--host", default="127.0.0.1",
                    help="the address to listen on (default: this machine only; 0.0.0.0 lets others in)")

@@ -20,10 +20,12 @@ import pytest
 import serve
 import torch
 from conftest import ROOT, sharpen, tiny_model
+from test_runs import lora_on
 
-from mvgpt.checkpoint import save_checkpoint
+from mvgpt.checkpoint import load_model, save_checkpoint
 from mvgpt.data import data_tokenizer_hash, load_tokens
 from mvgpt.errors import UserError
+from mvgpt.lora import save_adapter, weights_hash
 from mvgpt.model import KVCache
 from mvgpt.tokenizer import Tokenizer
 
@@ -280,6 +282,20 @@ def test_a_checkpoint_that_does_not_load_is_one_line_and_exit_1(checkpoints, dat
     assert "\n" not in str(e.value.code)  # SystemExit with a message: printed as one line, exit status 1
     with pytest.raises(SystemExit, match="two checkpoints are named tiny"):
         serve.main([str(checkpoints / "tiny"), str(checkpoints / "tiny" / "ckpt.pt"), "--data-dir", str(data_dir)])
+
+
+def test_a_lora_run_folder_is_served_on_its_base(checkpoints, data_dir, tmp_path):
+    h = data_tokenizer_hash(data_dir)
+    base = load_model(checkpoints / "tiny-rope", "cpu", h)[0]
+    adapted = lora_on(base).eval()
+    save_adapter(tmp_path / "tiny-lora", adapted, weights_hash(base), h, base=str(checkpoints / "tiny-rope"))
+    app = serve.load_app(serve.parser().parse_args([str(checkpoints / "tiny-rope"), str(tmp_path / "tiny-lora"),
+                                                    "--data-dir", str(data_dir), "--device", "cpu"]))
+    assert list(app.models) == ["tiny-rope", "tiny-lora"]
+    x = torch.randint(0, 300, (1, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(app.models["tiny-lora"](x)[0], adapted(x)[0], rtol=0, atol=0)
+        assert not torch.equal(app.models["tiny-lora"](x)[0], app.models["tiny-rope"](x)[0])  # the adapter is on
 
 
 @pytest.mark.parametrize("how", ["SIGINT", "SIGINT, started in the background", "SIGTERM", "SIGINT, mid-story",
