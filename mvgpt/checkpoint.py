@@ -47,6 +47,10 @@ def checkpoint_path(path: str | os.PathLike) -> Path:
 def checkpoint_arg(text: str) -> str:
     """An argparse type: a run folder with a checkpoint, or a checkpoint file, checked to be there."""
     if not checkpoint_path(text).is_file():
+        if (Path(text) / "adapter.pt").is_file():  # mvgpt/lora.py's ADAPTER_NAME: a LoRA run, no weights of its own
+            raise argparse.ArgumentTypeError(
+                f"{text} is a LoRA run (an adapter, no checkpoint of its own): merge it into its base first, "
+                f"`python scripts/finetune.py --init-from BASE --out-dir {text} --merge OUT`, and give OUT")
         raise argparse.ArgumentTypeError(f"no checkpoint at {checkpoint_path(text)}: train one with "
                                          "`python scripts/pretrain.py`, or check the path")
     return text

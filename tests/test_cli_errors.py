@@ -34,6 +34,7 @@ from conftest import ROOT, tiny_config, write_corpus
 
 from mvgpt.checkpoint import read_checkpoint, save_checkpoint
 from mvgpt.data import data_tokenizer_hash, prepare, read_meta
+from mvgpt.lora import apply_lora, save_adapter, weights_hash
 from mvgpt.model import GPT
 
 SCRIPTS = ROOT / "scripts"
@@ -139,6 +140,11 @@ CASES: list[Case] = [
     Case("export", "checkpoints/pretrain exports/new --rope-scaling linear --rope-factor -2",
          "--rope-factor: -2 is out of range"),
     Case("export", "checkpoints/pretrain exports/new --f16", "--f16 is for --format gguf"),
+    Case("export", "checkpoints/lora-r2 exports/new", "checkpoints/lora-r2 is a LoRA run (an adapter, no "
+         "checkpoint of its own): merge it into its base first, `python scripts/finetune.py --init-from BASE "
+         "--out-dir checkpoints/lora-r2 --merge OUT`, and give OUT", "a LoRA run folder"),
+    Case("sample", "checkpoints/lora-r2 --adapter checkpoints/lora-r2",
+         "checkpoints/lora-r2 is a LoRA run already, on pretrain-rope: drop --adapter"),
     Case("export", "checkpoints/pretrain exports/new --ctx 64", "need --rope-scaling"),
     Case("export", "checkpoints/missing exports/new", "no checkpoint at checkpoints/missing: train one"),
     Case("export_check", "checkpoints/pretrain --max-new-tokens 0", "--max-new-tokens: 0 is out of range"),
@@ -188,6 +194,9 @@ def make_world(root: Path) -> Path:
         model = GPT(tiny_config(vocab_size=300, rope=rope))
         save_checkpoint(root / "checkpoints" / name, model, step=3, tokenizer_hash=tok_hash)
         (root / "checkpoints" / name / "log.jsonl").write_text('{"step": 3, "loss": 5.0}\n')
+    base_hash = weights_hash(model)  # the rope model's: a LoRA run on it (rank 2)
+    apply_lora(model, rank=2, alpha=4)
+    save_adapter(root / "checkpoints" / "lora-r2", model, base_hash, tok_hash, base="checkpoints/pretrain-rope")
     save_checkpoint(root / "other-tokenizer.pt", GPT(tiny_config(vocab_size=300)), tokenizer_hash="0123456789abcdef")
     (root / "corrupt.pt").write_bytes(b"not a checkpoint" * 64)
     model = GPT(tiny_config(vocab_size=300))
