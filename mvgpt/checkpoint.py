@@ -44,15 +44,18 @@ def checkpoint_path(path: str | os.PathLike) -> Path:
     return path / CHECKPOINT_NAME if path.is_dir() else path
 
 
+def no_checkpoint(path: str | os.PathLike) -> str:
+    """Why there is no checkpoint at path, and the fix: a LoRA run folder holds an adapter only."""
+    if (Path(path) / "adapter.pt").is_file():  # mvgpt/lora.py's ADAPTER_NAME
+        return (f"{path} is a LoRA run (an adapter, no checkpoint of its own): give its base, or merge the two "
+                f"first, `python scripts/finetune.py --init-from BASE --out-dir {path} --merge OUT`, and give OUT")
+    return f"no checkpoint at {checkpoint_path(path)}: train one with `python scripts/pretrain.py`, or check the path"
+
+
 def checkpoint_arg(text: str) -> str:
     """An argparse type: a run folder with a checkpoint, or a checkpoint file, checked to be there."""
     if not checkpoint_path(text).is_file():
-        if (Path(text) / "adapter.pt").is_file():  # mvgpt/lora.py's ADAPTER_NAME: a LoRA run, no weights of its own
-            raise argparse.ArgumentTypeError(
-                f"{text} is a LoRA run (an adapter, no checkpoint of its own): merge it into its base first, "
-                f"`python scripts/finetune.py --init-from BASE --out-dir {text} --merge OUT`, and give OUT")
-        raise argparse.ArgumentTypeError(f"no checkpoint at {checkpoint_path(text)}: train one with "
-                                         "`python scripts/pretrain.py`, or check the path")
+        raise argparse.ArgumentTypeError(no_checkpoint(text))
     return text
 
 
@@ -85,9 +88,7 @@ def read_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     """The checkpoint's dict, or a one-line error for a missing, truncated or corrupt file."""
     file = checkpoint_path(path)
     if not file.exists():
-        raise CheckpointError(
-            f"no checkpoint at {file}: train one with `python scripts/pretrain.py`, or check the path"
-        )
+        raise CheckpointError(no_checkpoint(path))
     state = load_state(file, map_location, "checkpoint", "use an earlier checkpoint or train again")
     if not isinstance(state, dict) or "model" not in state or "config" not in state:
         raise CheckpointError(f"{file} is not an mvGPT checkpoint (no model or config in it)")

@@ -141,8 +141,8 @@ CASES: list[Case] = [
          "--rope-factor: -2 is out of range"),
     Case("export", "checkpoints/pretrain exports/new --f16", "--f16 is for --format gguf"),
     Case("export", "checkpoints/lora-r2 exports/new", "checkpoints/lora-r2 is a LoRA run (an adapter, no "
-         "checkpoint of its own): merge it into its base first, `python scripts/finetune.py --init-from BASE "
-         "--out-dir checkpoints/lora-r2 --merge OUT`, and give OUT", "a LoRA run folder"),
+         "checkpoint of its own): give its base, or merge the two first, `python scripts/finetune.py --init-from "
+         "BASE --out-dir checkpoints/lora-r2 --merge OUT`, and give OUT", "a LoRA run folder"),
     Case("sample", "checkpoints/lora-r2 --adapter checkpoints/lora-r2",
          "checkpoints/lora-r2 is a LoRA run already, on pretrain-rope: drop --adapter"),
     Case("export", "checkpoints/pretrain exports/new --ctx 64", "need --rope-scaling"),
@@ -162,6 +162,8 @@ CASES: list[Case] = [
     Case("finetune", "--temperature -1", "--temperature must be >= 0"),
     Case("finetune", "--json notes.txt/x.json", "notes.txt is a file, not a folder"),
     Case("finetune", "--init-from checkpoints/missing", "no checkpoint at checkpoints/missing: train one"),
+    Case("finetune", "--init-from checkpoints/lora-r2", "checkpoints/lora-r2 is a LoRA run (an adapter, no "
+         "checkpoint of its own): give its base"),
     Case("finetune", "--measure --merge merged", "separate steps"),
     # bench
     Case("bench", "--batch-size 0", "--batch-size: 0 is out of range"),
