@@ -41,11 +41,9 @@ def existing_path(text: str) -> str:
 
 
 def model_arg(text: str) -> str:
-    """An argparse type for one model: a checkpoint (run folder or file), or a LoRA run folder (read on
-    its base by find_models), checked to be there."""
-    if Path(text).is_dir() and adapter_path(text).is_file():
-        return text
-    return checkpoint_arg(text)
+    """An argparse type for one model: a checkpoint, or a LoRA run (read on its base by find_models),
+    as a run folder or a file, checked to be there."""
+    return text if adapter_path(text).is_file() else checkpoint_arg(text)
 
 
 def base_candidates(adapter_file: Path, recorded: object) -> list[Path]:
