@@ -9,7 +9,7 @@ rounds, and the figure is each one's median ms/token over the rounds (a busy mac
 
 - mvGPT eager: GPT.decode, the model's own forward (float32 weights; bf16 weights where the CPU
   multiplies bf16 natively);
-- mvGPT compiled: mvgpt.fast_decode.FastDecode, its compile time beside it;
+- mvGPT C step: mvgpt.fast_decode.FastDecode (mvgpt/one_token.c), the time to build it beside it;
 - llama.cpp: llama-cpp-python's low-level API, one llama_decode of a one-token batch per step, the
   KV cache in the weights' type (f32 with f32, f16 with f16), flash attention off and on. What
   Python adds to each of its steps (the batch's fields, the ctypes calls) is timed on its own.
@@ -66,19 +66,17 @@ PARTS = (  # our eager step's operations, by the names the profiler gives them (
     ("attention", ("scaled_dot_product", "flash_attention")),
     ("norms", ("layer_norm",)),
     ("GELU", ("gelu",)),
-    ("compiled graph", ("compiledfxgraph",)),
-    ("Dynamo's guards", ("cache lookup",)),
 )
 
 
 class Ours:
     """mvGPT writing a token: `step()` slides the cache to `held` tokens and writes the next one of
-    `tokens` (its logits in `last`), eagerly or compiled. The first `held` tokens are read at set-up."""
+    `tokens` (its logits in `last`), eagerly or with the C step. The first `held` tokens are read at set-up."""
 
-    def __init__(self, model: GPT, tokens: torch.Tensor, held: int, compiled: bool) -> None:
+    def __init__(self, model: GPT, tokens: torch.Tensor, held: int, fast: bool) -> None:
         self.model, self.tokens, self.held = model, tokens, held
-        self.decode = FastDecode(model) if compiled else model.decode
-        self.warmup_s = self.decode.warmup_s if compiled else None
+        self.decode = FastDecode(model) if fast else model.decode
+        self.warmup_s = self.decode.warmup_s if fast else None
         weight = model.wte.weight
         self.cache = KVCache(model.config, 1, 2 * model.config.block_size, weight.device, weight.dtype)
         with torch.no_grad():
@@ -208,7 +206,6 @@ def largest_difference(a: Ours, b: Ours, steps: int = 16) -> float:
 def measure(model32: GPT, files: dict[str, Path], threads: int, args, ceilings: dict) -> tuple[list, dict, dict]:
     """The rows at one thread count, the profiles of our steps, and the logits' differences."""
     torch.set_num_threads(threads)
-    torch._dynamo.reset()  # inductor's loops are compiled for a number of threads
     W = model32.config.block_size
     held = W - 1
     stream = random_tokens((1, 4 * W), model32.config.vocab_size, torch.device("cpu"), seed=3)
@@ -220,10 +217,10 @@ def measure(model32: GPT, files: dict[str, Path], threads: int, args, ceilings: 
     peak = ceilings["matmul_fp32_flops"]
     for d, m in models.items():
         floor = {"floor_ms": decode_floor_ms(m, W, 1, bandwidth, peak), "floor_bytes": decode_bytes_per_token(m, W)}
-        for compiled in (False, True):
-            name = f"mvGPT {'compiled' if compiled else 'eager'}, {dtype_name(d)}"
-            engines[name] = Ours(m, stream, held, compiled)
-            rows[name] = {"engine": "mvGPT", "step": "compiled" if compiled else "eager", "weights": dtype_name(d),
+        for fast in (False, True):
+            name = f"mvGPT {'C step' if fast else 'eager'}, {dtype_name(d)}"
+            engines[name] = Ours(m, stream, held, fast)
+            rows[name] = {"engine": "mvGPT", "step": "C step" if fast else "eager", "weights": dtype_name(d),
                           "kv": dtype_name(d), "bytes_per_weight": m.wte.weight.element_size(), **floor,
                           "warmup_s": engines[name].warmup_s}
         if not llama_cpp_missing():
@@ -252,7 +249,7 @@ def measure(model32: GPT, files: dict[str, Path], threads: int, args, ceilings: 
     profiles = {name: time_by_part(engines[name], r["ms"]) for name, r in zip(rows, out, strict=True)
                 if isinstance(engines[name], Ours)}
     differences = {dtype_name(d): largest_difference(engines[f"mvGPT eager, {dtype_name(d)}"],
-                                                     engines[f"mvGPT compiled, {dtype_name(d)}"]) for d in dtypes}
+                                                     engines[f"mvGPT C step, {dtype_name(d)}"]) for d in dtypes}
     out += rerun_rows(model32.config, threads, dtypes, args.quick)
     python_us = {name: e.python_us() for name, e in engines.items() if isinstance(e, LlamaCpp)}
     for e in engines.values():

@@ -47,7 +47,7 @@ LINEAR_PRODUCTS = {"linear_products.json": "linear-products",  # dev/linear_prod
                    "amd-epyc/linear_products.json": "linear-products-amd-epyc"}
 DECODE = ("decode.json", "amd-epyc/decode.json")  # dev/decode_vs_llama.py on each CPU kind measured
 LIVE = ("live-overhead.json", "amd-epyc/live-overhead.json")  # dev/live_overhead.py on each CPU kind measured
-GRAPH = ("decode-graph.json", "amd-epyc/decode-graph.json")  # dev/decode_graph.py on each CPU kind measured
+DECODE_PARTS = ("decode-parts.json", "amd-epyc/decode-parts.json")  # dev/decode_parts.py on each CPU kind measured
 Draw = Callable  # draw(plt) -> a matplotlib figure
 SPEEDS = ("Two speeds: the median step's tokens/s, the training step alone, and tokens over the run's wall time, "
           "which also counts the evaluations every 25 steps, the checkpoints and, compiled, the first step's "
@@ -509,7 +509,7 @@ def bench(r: dict) -> dict:
     rows += [[f"training ({kind}, compiled bf16): attention's batched products over PyTorch's kernel",
               f"{ratio:.2f}× the tokens/s", "side by side", "", ""]
              for kind, ratio in b.get("training_batched_attention_speedup", {}).items()]
-    # batch-1 decoding with the cache: in each precision (its own floor), by threads, and compiled (float32)
+    # batch-1 decoding with the cache: in each precision (its own floor), by threads, and the fast step (float32)
     for name, ms in d.get("cached_ms_by_dtype", {}).items():
         floor_ms = d["floor_ms_by_dtype"][name]
         rows.append([f"decoding, sliding cache, {name} weights", f"{ms:.2f} ms/token", f"floor {floor_ms:.2f} ms",
@@ -525,8 +525,8 @@ def bench(r: dict) -> dict:
         pays = f"pays after {k['break_even_tokens']:,.0f} tokens" if k.get("break_even_tokens") else "never pays"
         side = (f", {k['speedup']:.2f}× the eager step's {k['eager_ms']:.2f} side by side: {pays}"
                 if "speedup" in k else "")
-        rows.append(["decoding, sliding cache, float32, compiled",
-                     f"{k['ms']:.2f} ms/token (compiling: {k['compile_s']:.0f} s{side})", f"floor {floor_ms:.2f} ms",
+        rows.append(["decoding, sliding cache, float32, fast step (fast_decode.py)",
+                     f"{k['ms']:.2f} ms/token (making it: {k['compile_s']:.0f} s{side})", f"floor {floor_ms:.2f} ms",
                      f"{k['ms'] / floor_ms:.2f}× floor", goal("cached_over_floor", "≤ {:g}×")])
     floors = f" ({d['floors_ratio']:.1f}× the cache's floor)" if "floors_ratio" in d else ""
     rows.append([f"decoding, re-run window (learned, {b['config']['block_size']})", f"{d['rerun_ms']:.1f} ms/token",
@@ -541,7 +541,7 @@ def bench(r: dict) -> dict:
     body += f"\n{b['threads']} threads" + (", glibc malloc tuned" if b.get("malloc_tuned") else "") + (
         ", --quick (rougher figures)" if b.get("quick") else "") + f", {b['date'][:10]}. {b.get('note', '')}".rstrip()
     profiles = [("One cached decoding step (rope, batch 1, a full window held)", d.get("profile")),
-                ("The same step, compiled", (k or {}).get("profile")),
+                ("The same step, fast (fast_decode.py)", (k or {}).get("profile")),
                 *[(f"One training step ({t['kind']}, {t.get('dtype', 'float32')}"
                    f"{', compiled' if t.get('compiled') else ''})", t["profile"])  # the last one profiled
                   for t in [t for t in b["training"] if t.get("profile")][-1:]]]
@@ -555,7 +555,7 @@ def bench(r: dict) -> dict:
         ax1.set(xlabel="GFLOP/s", title="Training: achieved FLOP/s against the matmul peak")
         ax1.legend(loc="lower right")
         bars = [("floor", d["floor_ms"])] + [(f"cache, {n} thr", ms) for n, ms in d["cached_ms_by_threads"].items()]
-        bars += [("cache, compiled", k["ms"])] if k else []
+        bars += [("cache, fast step", k["ms"])] if k else []
         bars += [("re-run: floor", d["rerun_compute_floor_ms"]), ("re-run window", d["rerun_ms"])]
         colors = ["grey"] + ["C2"] * (len(bars) - 3) + ["silver", "C3"]
         ax2.barh([n for n, _ in bars], [v for _, v in bars], color=colors)
@@ -634,7 +634,7 @@ def bench_machines(r: dict) -> dict:
             ["the matrix products' share of the last profiled rope step", *(products(b) for _, b in benches)],
             *[[f"decoding, sliding cache, {dtype} weights", *(decoding(b, dtype) for _, b in benches)]
               for dtype in ("float32", "bfloat16")],
-            ["decoding, float32, compiled", *(compiled_decoding(b) for _, b in benches)],
+            ["decoding, float32, fast step (fast_decode.py)", *(compiled_decoding(b) for _, b in benches)],
             ["measured", *(b["date"][:10] for _, b in benches)]]
     names = [cpu(b["machine"]) + (", --dtype float32" if b.get("dtype") == "float32" else "") for _, b in benches]
     return {"bench-machines": head(*benches) + table(["figure", *names], rows)}
@@ -801,7 +801,7 @@ def decode(r: dict) -> dict:
         text += f" Note: {d['note']}\n\n" if d.get("note") else "\n\n"
         rows = []
         for x in d["rows"]:
-            how = x["step"] + (f" ({x['warmup_s']:.1f} s to compile)" if x.get("warmup_s") else "")
+            how = x["step"] + (f" ({x['warmup_s']:.1f} s to build)" if x.get("warmup_s") else "")
             floor = x.get("floor_ms", x.get("compute_floor_ms"))
             rows.append([x["threads"], x["engine"], how, x["weights"] if x["step"] == "re-run window" else
                          f"{x['weights']}, KV {x['kv']}", f"{x['ms']:.2f}",
@@ -819,11 +819,11 @@ def decode(r: dict) -> dict:
     return {"decode": text}
 
 
-def decode_graph(r: dict) -> dict:
-    """dev/decode_graph.py: the compiled step, its graph alone, and the graph's parts against their floors."""
-    runs = [(n, r[n]) for n in GRAPH if n in r]
+def decode_parts(r: dict) -> dict:
+    """dev/decode_parts.py: the C step, its call alone, and the call's parts against their floors."""
+    runs = [(n, r[n]) for n in DECODE_PARTS if n in r]
     if not runs:
-        return {"decode-graph": PLACEHOLDER.format(missing=" or ".join(GRAPH))}
+        return {"decode-parts": PLACEHOLDER.format(missing=" or ".join(DECODE_PARTS))}
     text = ""
     for name, d in runs:
         rows = []
@@ -831,9 +831,9 @@ def decode_graph(r: dict) -> dict:
             floor = sum(p["floor_ms"] for p in x["parts"])  # the bytes of all three parts
             rows += [[x["dtype"], "the whole step", f"{x['whole_ms']:.3f}", f"{floor:.3f}",
                       f"{x['whole_ms'] / floor:.2f}×"],
-                     [x["dtype"], "around the graph (Python, the cache's writes, Dynamo's guards)",
+                     [x["dtype"], "around the call (Python: the angles, room in the cache, the arguments)",
                       f"{x['around_ms']:.3f}", "", ""],
-                     [x["dtype"], "the graph", f"{x['graph_ms']:.3f}", "", ""]]
+                     [x["dtype"], "the C call", f"{x['call_ms']:.3f}", f"{floor:.3f}", f"{x['call_ms'] / floor:.2f}×"]]
             rows += [[x["dtype"], f"– {p['part']}", f"{p['ms']:.3f}", f"{p['floor_ms']:.3f}", f"{p['over_floor']:.2f}×"]
                      for p in x["parts"]]
             alone = x["products_alone"]
@@ -844,7 +844,7 @@ def decode_graph(r: dict) -> dict:
                  f"part's floor: its bytes at {d['read_bandwidth'] / 1e9:.1f} GB/s, the memory's read bandwidth "
                  "measured in the same run; the step's, the three parts' bytes.\n\n"
                  + table(["weights", "what", "ms/token", "floor ms", "× floor"], rows, "ll") + "\n")
-    return {"decode-graph": text}
+    return {"decode-parts": text}
 
 
 def live_overhead(r: dict) -> dict:
@@ -1197,7 +1197,7 @@ OUTPUTS: list[tuple[tuple[str, ...], tuple[str, ...], Callable[[dict], dict], tu
     (("bench.json",), OTHER_BENCHES, bench_machines, ("bench-machines",)),
     ((), DECODE, decode, ("decode",)),
     ((), LIVE, live_overhead, ("live-overhead",)),
-    ((), GRAPH, decode_graph, ("decode-graph",)),
+    ((), DECODE_PARTS, decode_parts, ("decode-parts",)),
     ((EPISODE_RUNS["pretrain"],), (), pretrain_typed, ("pretrain-typed",)),
     (("episode.json",), (*RUNS, *TEN_MINUTES, "evaluate.json", "context.json", "context-gpu.json"), episode,
      ("episode",)),

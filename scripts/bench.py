@@ -16,8 +16,8 @@ so what is compared is a ratio, not two numbers from different days:
   step must read (weights, keys and values) at the measured bandwidth, or its flops at the
   matrix-product peak if that takes longer;
 - generation with the cache at batch 1, 8, 32, tokens/s, against the same floor;
-- with --compile, the compiled one-token step (mvgpt/fast_decode.py, as sample.py and context.py use it): its
-  compile time, its speed, and after how many tokens it pays for itself;
+- with --compile, the fast one-token step (mvgpt/fast_decode.py, in C, as sample.py and context.py use it):
+  its build time, its speed, and after how many tokens it pays for itself;
 - torch.profiler tables of one cached decoding step and one training step: what bounds each; and
   each profiled training step's time by part (matrix products, GELU, the norms, the loss, ...:
   mvgpt.perf.time_by_part), a compiled step compiled again with inductor's loops named for it.
@@ -263,8 +263,8 @@ def with_threads(n: int, fn: Callable[[], T]) -> T:
 
 
 def bench_compiled_decoding(model: GPT, device: torch.device, tokens: int, repeats: int) -> dict:
-    """Generation at batch 1 with the compiled one-token step (mvgpt/fast_decode.py, on a copy of the
-    model): its compile time, its speed against the eager step's measured side by side, after how
+    """Generation at batch 1 with the fast one-token step (mvgpt/fast_decode.py, in C, on a copy of the
+    model): its build time, its speed against the eager step's measured side by side, after how
     many tokens it pays for itself, and how far its logits are from the eager step's on the same
     tokens (float rounding; tests/test_fast_decode.py holds it to a tolerance)."""
     window = model.config.block_size
@@ -533,7 +533,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--json", type=writable_file, help="also write every figure (and the profiler tables) here")
     p.add_argument("--quick", action="store_true", help="fewer steps and repeats, smaller ceilings")
     p.add_argument("--compile", action="store_true", help="also time the bf16 training step and the cached "
-                   "decoding step through torch.compile")
+                   "decoding step in C (mvgpt/fast_decode.py)")
     p.add_argument("--threads", type=positive_int, help="torch's CPU threads (default: torch's, one per core)")
     p.add_argument("--no-tune-malloc", action="store_true", help="leave glibc's malloc as it is")
     p.add_argument("--batches", type=positive_ints, default="1,8,32", help="batch sizes for generation with the cache")
@@ -664,8 +664,8 @@ def main(argv: list[str] | None = None) -> dict:
     }
     if args.compile and runs("compiled decoding"):
         result["compiled_decoding"] = bench_compiled_decoding(make_model(rope, device), device, tokens, repeats)
-        print(f"compiled decoding: {result['compiled_decoding']['ms']:.2f} ms/token after "
-              f"{result['compiled_decoding']['compile_s']:.0f} s of compiling", flush=True)
+        print(f"decoding with the C step: {result['compiled_decoding']['ms']:.2f} ms/token after "
+              f"{result['compiled_decoding']['compile_s']:.1f} s of building it", flush=True)
     result["seconds"] = time.perf_counter() - started
 
     print()
@@ -736,9 +736,9 @@ def summary_rows(result: dict) -> list[tuple[str, str, str, str, str]]:
     if "compiled_decoding" in result:
         k = result["compiled_decoding"]
         pays = f"pays after {k['break_even_tokens']:,.0f} tokens" if k["break_even_tokens"] else "never pays"
-        rows.append(("decoding, sliding cache, float32, torch.compile",
+        rows.append(("decoding, sliding cache, float32, the C step (fast_decode.py)",
                      f"{k['ms']:.2f} ms/token, {k['speedup']:.2f}x eager's {k['eager_ms']:.2f} side by side "
-                     f"(compiling {k['compile_s']:.0f} s: {pays})", "", "", ""))
+                     f"(building it {k['compile_s']:.1f} s: {pays})", "", "", ""))
     if "rerun_ms" in d:
         rows.append((f"decoding, re-run window (learned, {result['config']['block_size']}), {d['dtype']}",
                      f"{d['rerun_ms']:.1f} ms/token",

@@ -32,7 +32,7 @@ from mvgpt.bench import machine, sync
 from mvgpt.data import DATA_DIR, data_tokenizer_hash, load_tokens, prepared_data, windows
 from mvgpt.device import pick_device
 from mvgpt.errors import ArgumentParser, at_least, run_main, writable_file
-from mvgpt.fast_decode import eager_because, use_fast_decode
+from mvgpt.fast_decode import built, eager_because, use_fast_decode
 from mvgpt.io import write_json
 from mvgpt.model import GPT, KVCache
 from mvgpt.runs import existing_path, read_models
@@ -65,7 +65,7 @@ def cache_losses(model: GPT, stream: torch.Tensor, slide: bool = True, cache: KV
     for t in range(stream.shape[1] - 1):
         if slide and cache.length == W:
             cache.slide(W - 1)
-        logits = model.decode(stream[:, t : t + 1], cache)  # the compiled step, where load() put it
+        logits = model.decode(stream[:, t : t + 1], cache)  # the C step, where load() put it
         if t + 1 >= W:
             losses.append(F.cross_entropy(logits[:, -1].float(), stream[:, t + 1]))
     return torch.stack(losses)
@@ -158,14 +158,14 @@ def load(args: argparse.Namespace) -> tuple[torch.device, list[tuple[str, GPT]],
     val = load_tokens(args.data_dir, "val")
     tok_hash = data_tokenizer_hash(args.data_dir)
     models = read_models(args.checkpoints, device, tok_hash)
-    for name, model in models:  # the cache's one-token steps compiled, where that pays for these streams
+    for name, model in models:  # the cache's one-token steps in C, where that pays for these streams
         if not model.config.rope:
             continue
         tokens = args.streams * (args.length or 3 * model.context)
         if fast := use_fast_decode(model, tokens):
-            print(f"{name}: compiled its one-token step in {fast.warmup_s:.1f} s (mvgpt/fast_decode.py)")
+            print(f"{name}: its one-token step runs in C ({built(fast)})")
         elif why := eager_because(model, tokens):
-            print(f"{name}: its one-token step stays eager: {why}, which mvgpt/fast_decode.py does not compile")
+            print(f"{name}: its one-token step stays eager: {why}, which mvgpt/one_token.c does not cover")
     torch.manual_seed(0)
     return device, models, val
 

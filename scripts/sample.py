@@ -25,7 +25,7 @@ from mvgpt.cli import add_context_args, apply_context_args
 from mvgpt.data import DATA_DIR, data_tokenizer_hash, prepared_data
 from mvgpt.device import pick_device
 from mvgpt.errors import ArgumentParser, UserError, non_negative_float, non_negative_int, positive_int, run_main, seed
-from mvgpt.fast_decode import use_fast_decode
+from mvgpt.fast_decode import built, use_fast_decode
 from mvgpt.lora import load_adapter
 from mvgpt.model import GPT
 from mvgpt.precision import CHOICES as DTYPE_CHOICES
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> str:
     ids = tokenizer.encode(args.prompt) or [tokenizer.eot]
     idx = torch.tensor([ids], device=device)
     if model.config.rope and not args.no_cache and use_fast_decode(model, args.max_new_tokens):  # where it pays
-        print(f"(compiled the one-token step in {model.decode.warmup_s:.0f} s: mvgpt/fast_decode.py)", file=sys.stderr)
+        print(f"(writing with the one-token step in C: {built(model.decode)})", file=sys.stderr)
     print(args.prompt, end="", flush=True)
     stream, out = tokenizer.stream(), []  # whole characters only: a token can end inside one
     for token in model.generate(idx, args.max_new_tokens, args.temperature, args.top_k, args.seed, not args.no_cache):

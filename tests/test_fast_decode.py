@@ -1,9 +1,9 @@
-"""mvgpt/fast_decode.py: the compiled one-token step computes what the eager step does (float32 to
-float rounding, the sums added in another order; bf16 to bf16's rounding), sample.py and context.py
-get the same tokens and losses with it, and it is put in place only where it pays.
+"""mvgpt/fast_decode.py and mvgpt/one_token.c: the C one-token step computes what the eager step does
+(float32 to float rounding, the sums added in another order; bf16 to bf16's rounding), sample.py and
+context.py get the same tokens and losses with it, and it is put in place only where it pays.
 
-The checks that compile run in a process of their own (inductor is hundreds of MB, and stays), as
-tests/test_bench.py does."""
+`run` runs Python in a process of its own: tests/test_decode_vs_llama.py and test_decode_parts.py use it
+for their scripts (llama.cpp's library, once loaded, stays)."""
 
 import contextlib
 import io
@@ -24,9 +24,9 @@ from mvgpt.long_context import SinkCache, set_context
 from mvgpt.lora import apply_lora
 from mvgpt.model import KVCache
 
-# float32: the compiled sums are added in another order (and with FMA), a few units of the last place
-# of logits near 1; bf16: a few units of bf16's last place (1/256 near 1), as the eager bf16 step rounds
-# its activations between operations and the compiled one at other places
+# float32: the C step's sums are added in another order (and with FMA), a few units of the last place
+# of logits near 1; bf16: a few units of bf16's last place (1/256 near 1), as both round to bf16 where
+# the eager step stores a value, but from sums added in another order
 FLOAT32_ATOL, BF16_ATOL = 1e-5, 2e-2
 
 
@@ -39,7 +39,7 @@ def run(code: str) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
-# Where it pays: the choice, with injected measurements (nothing compiles here)
+# Where it pays: the choice, with injected measurements (nothing is built here)
 
 
 def test_break_even_is_the_compile_time_over_the_time_saved_per_token():
@@ -49,29 +49,46 @@ def test_break_even_is_the_compile_time_over_the_time_saved_per_token():
 
 
 def test_fast_decode_pays_from_the_measured_figures_of_its_dtype(monkeypatch):
-    monkeypatch.setattr(fd, "inductor_builds_here", lambda device: True)
+    monkeypatch.setattr(fd, "c_builds_here", lambda device: True)
     measured = {"float32": (5.0, 2.0, 6.0), "bfloat16": (4.0, 4.5, 1.0)}
     assert fd.fast_decode_pays("cpu", torch.float32, 2000, measured)
     assert not fd.fast_decode_pays("cpu", torch.float32, 1999, measured)
     assert not fd.fast_decode_pays("cpu", torch.bfloat16, 10**9, measured)  # slower there: never
     assert not fd.fast_decode_pays("cpu", torch.float16, 10**9, measured)  # not measured: no
-    monkeypatch.setattr(fd, "inductor_builds_here", lambda device: False)
-    assert not fd.fast_decode_pays("cpu", torch.float32, 10**9, measured)  # no C++ toolchain: no
+    monkeypatch.setattr(fd, "c_builds_here", lambda device: False)
+    assert not fd.fast_decode_pays("cpu", torch.float32, 10**9, measured)  # no C compiler: no
 
 
-def test_only_a_cpu_with_a_toolchain_compiles_the_step():
-    assert not fd.inductor_builds_here("meta")
+def test_only_a_cpu_with_a_c_compiler_builds_the_step(monkeypatch):
+    assert fd.c_builds_here("cpu") and not fd.c_builds_here("meta")
+    monkeypatch.setenv("CC", "no-such-compiler")
+    assert fd.compiler() is None and not fd.c_builds_here("cpu")
+
+
+def test_a_compiler_that_fails_says_so_in_one_line(monkeypatch, tmp_path):
+    fake = tmp_path / "cc"
+    fake.write_text("#!/bin/sh\necho 'cc: fatal error: no space left' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("CC", str(fake))
+    fd.library.cache_clear()
+    try:
+        with pytest.raises(RuntimeError, match=r"could not build one_token.c: .*no space left"):
+            fd.library()
+    finally:
+        fd.library.cache_clear()
 
 
 def test_use_fast_decode_leaves_the_models_step_where_it_does_not_pay(monkeypatch):
     model = tiny_model(rope=True)
     monkeypatch.setattr(fd, "MEASURED", {"float32": (5.0, 2.0, 6.0)})
-    assert fd.use_fast_decode(model, 100) is None and "decode" not in vars(model)  # nothing compiled
+    assert fd.use_fast_decode(model, 100) is None and "decode" not in vars(model)  # nothing built
 
 
 def test_compilable_knows_the_episodes_modules_only():
     model = tiny_model(rope=True)
     assert fd.compilable(model) is None
+    assert fd.compilable(tiny_model(rope=True).half()) == "its weights are float16, not float32 or bfloat16"
+    assert fd.compilable(tiny_model(rope=True).to("meta")) == "its weights are on meta, not the CPU"
     set_context(model, 32, "linear")  # another table of angles: read in Python, so any will do
     assert fd.compilable(model) is None
     with ggml_activation(model):
@@ -81,7 +98,7 @@ def test_compilable_knows_the_episodes_modules_only():
     assert fd.use_fast_decode(model, 10**9) is None  # never for a model it does not cover
 
 
-def test_a_model_kept_eager_where_compiling_would_pay_says_why(monkeypatch):
+def test_a_model_kept_eager_where_the_c_step_would_pay_says_why(monkeypatch):
     monkeypatch.setattr(fd, "fast_decode_pays", lambda device, dtype, tokens: tokens >= 1000)
     model = tiny_model(rope=True)
     assert fd.eager_because(model, 10**6) is None  # one it covers: nothing to say
@@ -91,57 +108,111 @@ def test_a_model_kept_eager_where_compiling_would_pay_says_why(monkeypatch):
 
 
 # ----------------------------------------------------------------------------------------------
-# The same logits, tokens and losses (compiled, in a process of their own)
+# The same logits, tokens and losses
 
 
-def test_the_compiled_step_gives_the_eager_steps_logits():
-    run("import test_fast_decode; test_fast_decode.compiled_step_gives_the_eager_logits()")
+def logits_side_by_side(model, stream: torch.Tensor, window: int, atol: float) -> tuple[KVCache, KVCache]:
+    """The eager step and the C step through `stream` (B, T), each with its own cache, sliding to keep
+    window - 1 held once `window` are: their logits equal to `atol` at every step. Returns both caches."""
+    fast = fd.FastDecode(model)
+    assert fast.why_not is None
+    dtype = model.wte.weight.dtype
+    caches = [KVCache(model.config, stream.shape[0], dtype=dtype) for _ in range(2)]
+    with torch.no_grad():
+        for cache in caches:
+            model(stream[:, :1], cache=cache)
+        for t in range(1, stream.shape[1]):
+            logits = []
+            for step, cache in zip((model.decode, fast), caches, strict=True):
+                if cache.length == window:
+                    cache.slide(window - 1)
+                logits.append(step(stream[:, t : t + 1], cache))
+            assert logits[1].dtype == logits[0].dtype and logits[1].shape == logits[0].shape
+            torch.testing.assert_close(logits[1], logits[0], atol=atol, rtol=0, msg=f"token {t}")
+    eager, fast_cache = caches
+    assert (fast_cache.position, fast_cache.length, fast_cache.offset) == (eager.position, eager.length, eager.offset)
+    held = slice(eager.offset, eager.offset + eager.length)  # the keys and values it wrote into the cache
+    torch.testing.assert_close(fast_cache.k[:, :, :, held], eager.k[:, :, :, held], atol=atol, rtol=0)
+    torch.testing.assert_close(fast_cache.v[:, :, :, held], eager.v[:, :, :, held], atol=atol, rtol=0)
+    return eager, fast_cache
 
 
-def compiled_step_gives_the_eager_logits() -> None:
-    """Through a prompt, the cache filling up, sliding and compacting its storage: rope and learned
-    positions in float32, rope in bf16; the keys and values it writes too; greedy tokens the same."""
-    for rope, dtype, atol in ((True, torch.float32, FLOAT32_ATOL), (False, torch.float32, FLOAT32_ATOL),
-                              (True, torch.bfloat16, BF16_ATOL)):
-        model = tiny_model(rope=rope).to(dtype)
-        fast = fd.FastDecode(model)
-        assert fast.why_not is None and fast.warmup_s > 0
-        stream = torch.randint(0, 64, (1, 60 if rope else 16), generator=torch.Generator().manual_seed(8))
-        caches = [KVCache(model.config, 1, dtype=dtype) for _ in range(2)]
-        offsets = []
-        with torch.no_grad():
-            for cache in caches:
-                model(stream[:, :1], cache=cache)  # one held: the next step is the eager one's, exactly
-            for t in range(1, stream.shape[1]):
-                logits = []
-                for step, cache in zip((model.decode, fast), caches, strict=True):
-                    if cache.length == 16:
-                        cache.slide(15)
-                    logits.append(step(stream[:, t : t + 1], cache))
-                if t == 1:
-                    assert logits[1].equal(logits[0])  # fewer than 2 held: the model's own step
-                torch.testing.assert_close(logits[1], logits[0], atol=atol, rtol=0)
-                offsets.append(caches[1].offset)
-        eager, compiled = caches
-        assert (compiled.position, compiled.length, compiled.offset) == (eager.position, eager.length, eager.offset)
-        held = slice(eager.offset, eager.offset + eager.length)
-        torch.testing.assert_close(compiled.k[:, :, :, held], eager.k[:, :, :, held], atol=atol, rtol=0)
-        torch.testing.assert_close(compiled.v[:, :, :, held], eager.v[:, :, :, held], atol=atol, rtol=0)
-        if rope:
-            assert any(b < a for a, b in zip(offsets[:-1], offsets[1:], strict=True)), offsets  # it compacted
-        if dtype == torch.float32:
-            prompt = stream[:, :3]
-            greedy = torch.cat(list(model.generate(prompt, 40, temperature=0)), dim=1)
-            model.decode = fast
-            assert torch.cat(list(model.generate(prompt, 40, temperature=0)), dim=1).equal(greedy)
+@pytest.mark.parametrize("dtype, atol", [(torch.float32, FLOAT32_ATOL), (torch.bfloat16, BF16_ATOL)])
+@pytest.mark.parametrize("rope", [True, False])
+def test_the_c_step_gives_the_eager_steps_logits(rope, dtype, atol):
+    """Through a prompt, the cache filling up, sliding and compacting its storage (rope; learned positions
+    stop at the window): the tiny shape's rows fill the vectors (32 channels, heads of 16)."""
+    model = tiny_model(rope=rope).to(dtype)
+    stream = torch.randint(0, 64, (1, 60 if rope else 16), generator=torch.Generator().manual_seed(8))
+    eager, fast = logits_side_by_side(model, stream, 16, atol)
+    if rope:  # it compacted: the held rows were moved to the front of the storage at least once
+        assert fast.position == 60 and fast.offset + fast.length < fast.position
 
 
-def test_context_losses_with_the_compiled_step_equal_the_eager_ones():
-    run("import test_fast_decode; test_fast_decode.context_losses_equal()")
+@pytest.mark.parametrize("dtype, atol", [(torch.float32, FLOAT32_ATOL), (torch.bfloat16, BF16_ATOL)])
+def test_rows_that_do_not_fill_a_vector_and_several_sequences(dtype, atol):
+    """24 channels in heads of 12 and 61 tokens: the scalar loops after the vector ones, and a last block of
+    fewer than 4 rows; 3 sequences at once, as context.py could batch them."""
+    model = tiny_model(rope=True, n_embd=24, n_head=2, vocab_size=61).to(dtype)
+    stream = torch.randint(0, 61, (3, 40), generator=torch.Generator().manual_seed(2))
+    logits_side_by_side(model, stream, 16, atol)
 
 
-def context_losses_equal() -> None:
-    """cache_losses sliding, growing (no slide) and through a SinkCache, eager and compiled."""
+def test_greedy_tokens_equal_the_eager_ones():
+    model = tiny_model(rope=True)
+    prompt = torch.randint(0, 64, (1, 3), generator=torch.Generator().manual_seed(8))
+    greedy = torch.cat(list(model.generate(prompt, 40, temperature=0)), dim=1)
+    model.decode = fd.FastDecode(model)
+    assert torch.cat(list(model.generate(prompt, 40, temperature=0)), dim=1).equal(greedy)
+
+
+def test_a_token_outside_the_vocabulary_is_an_index_error_and_nothing_moves():
+    model = tiny_model(rope=True)
+    fast = fd.FastDecode(model)
+    cache = KVCache(model.config, 2)
+    model(torch.tensor([[1, 2], [3, 4]]), cache=cache)
+    before = (cache.k.clone(), cache.position, cache.length)
+    with pytest.raises(IndexError, match="token 64 is not in the vocabulary of 64"):
+        fast(torch.tensor([[5], [64]]), cache)
+    assert cache.k.equal(before[0]) and (cache.position, cache.length) == before[1:]
+
+
+def test_what_it_does_not_cover_goes_to_the_models_own_step():
+    """Two tokens at once: the model's logits. A cache of another dtype than the weights, a learned position
+    past the table: the model's own error, not C reading memory as the wrong type or past a table's end."""
+    model = tiny_model(rope=True)
+    fast = fd.FastDecode(model)
+    caches = [KVCache(model.config, 1) for _ in range(2)]
+    for cache in caches:
+        model(torch.tensor([[1]]), cache=cache)
+    assert fast(torch.tensor([[2, 3]]), caches[0]).equal(model.decode(torch.tensor([[2, 3]]), caches[1]))
+    bf16_cache = KVCache(model.config, 1, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="Expected query, key, and value to have the same dtype"):
+        fast(torch.tensor([[2]]), bf16_cache)
+    learned = tiny_model(rope=False)
+    cache = KVCache(learned.config, 1)
+    learned(torch.zeros(1, 16, dtype=torch.long), cache=cache)  # the table's 16 positions used
+    with pytest.raises(AssertionError, match="past the learned table"):
+        fd.FastDecode(learned)(torch.tensor([[1]]), cache)
+
+
+def test_a_later_model_to_is_seen():
+    """step_weights are the model's own parameters: made on a float32 model, after model.to(bf16) the C step
+    reads bf16 weights (the table of their addresses is made again)."""
+    model = tiny_model(rope=True)
+    fast = fd.FastDecode(model)
+    model.to(torch.bfloat16)
+    stream = torch.randint(0, 64, (1, 20), generator=torch.Generator().manual_seed(1))
+    caches = [KVCache(model.config, 1, dtype=torch.bfloat16) for _ in range(2)]
+    for cache in caches:
+        model(stream[:, :-1], cache=cache)
+    logits = fast(stream[:, -1:], caches[0])
+    assert logits.dtype == torch.bfloat16
+    torch.testing.assert_close(logits, model.decode(stream[:, -1:], caches[1]), atol=BF16_ATOL, rtol=0)
+
+
+def test_context_losses_with_the_c_step_equal_the_eager_ones():
+    """cache_losses sliding, growing (no slide) and through a SinkCache, eager and with the C step."""
     model = tiny_model(rope=True)
     stream = torch.randint(0, 64, (1, 48), generator=torch.Generator().manual_seed(3))
     ways = {"sliding": lambda m: context.cache_losses(m, stream),
@@ -153,26 +224,22 @@ def context_losses_equal() -> None:
         torch.testing.assert_close(way(model), eager[name], atol=FLOAT32_ATOL, rtol=0, msg=name)
 
 
-def test_sample_writes_the_same_story_with_the_compiled_step(data_dir, tmp_path):
-    save_checkpoint(tmp_path / "r", tiny_model(vocab_size=300, rope=True), tokenizer_hash=data_tokenizer_hash(data_dir))
-    run(f"import test_fast_decode; test_fast_decode.sample_stories_equal({str(tmp_path / 'r')!r}, {str(data_dir)!r})")
-
-
-def sample_stories_equal(checkpoint: str, data: str) -> None:
-    """sample.py's story, greedy and sampled (seeded), eager (40 tokens do not pay) and compiled (made
-    to pay): the same tokens, past the window (16)."""
+@pytest.mark.parametrize("temperature", ["0", "0.8"])
+def test_sample_writes_the_same_story_with_the_c_step(data_dir, tmp_path, monkeypatch, temperature):
+    """sample.py's story, greedy and sampled (seeded), eager (made not to pay) and with the C step (made to
+    pay): the same tokens, past the window (16)."""
     import sample
 
-    for temperature in ("0", "0.8"):
-        argv = [checkpoint, "--prompt", "Lily saw", "--max-new-tokens", "40", "--temperature", temperature,
-                "--data-dir", data, "--device", "cpu"]
+    checkpoint = tmp_path / "r"
+    save_checkpoint(checkpoint, tiny_model(vocab_size=300, rope=True), tokenizer_hash=data_tokenizer_hash(data_dir))
+    argv = [str(checkpoint), "--prompt", "Lily saw", "--max-new-tokens", "40", "--temperature", temperature,
+            "--data-dir", str(data_dir), "--device", "cpu"]
+    stories, said = [], []
+    for figures in ((1.0, 1.0, 0.0), (10.0, 1.0, 0.0)):  # saves nothing: never pays; then pays at once
+        monkeypatch.setitem(fd.MEASURED, "float32", figures)
         stderr = io.StringIO()
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(stderr):
-            eager = sample.main(argv)
-            assert "compiled" not in stderr.getvalue()
-            fd.MEASURED["float32"] = (10.0, 1.0, 0.0)  # pays at once
-            compiled = sample.main(argv)
-            del fd.MEASURED["float32"]
-        assert "compiled the one-token step" in stderr.getvalue(), stderr.getvalue()
-        assert compiled == eager and len(eager) > 0, (compiled, eager)
-        print(temperature, repr(eager), file=sys.stderr)
+            stories.append(sample.main(argv))
+        said.append(stderr.getvalue())
+    assert "one-token step in C" not in said[0] and "one-token step in C" in said[1], said
+    assert stories[1] == stories[0] and len(stories[0]) > 0

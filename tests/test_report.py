@@ -302,8 +302,9 @@ def test_bench_table_tolerates_absent_optional_keys(results):
             "", ""] in full
     assert ["decoding, sliding cache, bfloat16, 2 threads", "8.00 ms/token", "floor 2.00 ms", "4.00× floor",
             "≤ 1.5×"] in full
-    assert ["decoding, sliding cache, float32, compiled", "3.60 ms/token (compiling: 14 s, 1.25× the eager step's "
-            "4.50 side by side: pays after 1,200 tokens)", "floor 4.00 ms", "0.90× floor", "≤ 1.5×"] in full
+    assert ["decoding, sliding cache, float32, fast step (fast_decode.py)", "3.60 ms/token (making it: 14 s, 1.25× "
+            "the eager step's 4.50 side by side: pays after 1,200 tokens)", "floor 4.00 ms", "0.90× floor",
+            "≤ 1.5×"] in full
     assert "training (rope, bfloat16, compiled, PyTorch's attention kernel, 16×256)" in [r[0] for r in full]
     assert "training (rope, compiled (41 s), 16×256)" in [r[0] for r in full]  # its compile time, where recorded
     assert ["training (rope, compiled bf16): attention's batched products over PyTorch's kernel", "1.25× the tokens/s",
@@ -396,7 +397,7 @@ def test_bench_machines_sets_each_cpus_peaks_and_fastest_step_side_by_side(resul
                     ["the matrix products' share of the last profiled rope step", "–"],
                     ["decoding, sliding cache, float32 weights", "6.00 ms/token = 1.50× its floor"],
                     ["decoding, sliding cache, bfloat16 weights", "8.00 ms/token = 4.00× its floor"],
-                    ["decoding, float32, compiled", "1.25× the eager step's speed"],
+                    ["decoding, float32, fast step (fast_decode.py)", "1.25× the eager step's speed"],
                     ["measured", "2026-12-01"]]
     other = bench_json(full=False) | {"machine": "Other CPU (AVX2), 2 threads", "date": "2026-12-02T11:00:00+00:00"}
     other["training"] = [{**t, "profile_parts": {"matrix products": 0.3, "GELU": 0.1}} for t in other["training"]]
@@ -409,7 +410,7 @@ def test_bench_machines_sets_each_cpus_peaks_and_fastest_step_side_by_side(resul
     assert rows[7] == ["the matrix products' share of the last profiled rope step", "–", "75% of 400 ms"]
     assert rows[8:] == [["decoding, sliding cache, float32 weights", "6.00 ms/token = 1.50× its floor", "–"],
                         ["decoding, sliding cache, bfloat16 weights", "8.00 ms/token = 4.00× its floor", "–"],
-                        ["decoding, float32, compiled", "1.25× the eager step's speed", "–"],
+                        ["decoding, float32, fast step (fast_decode.py)", "1.25× the eager step's speed", "–"],
                         ["measured", "2026-12-01", "2026-12-02"]]
     assert "`results/amd-epyc/bench.json`" in text
     assert report.cpu("Intel(R) Xeon(R) Processor (AVX512), 2 threads, torch x, cpu") == "Intel Xeon (AVX512)"
@@ -709,7 +710,7 @@ def test_stories_table_marks_where_each_story_passes_the_window():
 
 
 def test_decode_table_sets_each_step_beside_llama_cpp_and_its_floor():
-    rows = [{"name": "mvGPT compiled, float32", "threads": 1, "engine": "mvGPT", "step": "compiled",
+    rows = [{"name": "mvGPT C step, float32", "threads": 1, "engine": "mvGPT", "step": "C step",
              "weights": "float32", "kv": "float32", "ms": 2.25, "cpu_ms": 2.0, "floor_ms": 1.5, "over_floor": 1.5,
              "warmup_s": 6.4, "over_llama_cpp": 1.125},
             {"name": "llama.cpp, f32", "threads": 1, "engine": "llama.cpp", "step": "llama_decode", "weights": "f32",
@@ -718,39 +719,40 @@ def test_decode_table_sets_each_step_beside_llama_cpp_and_its_floor():
              "weights": "float32", "ms": 30.0, "compute_floor_ms": 20.0, "over_floor": 1.5}]
     d = {"command": "python dev/decode_vs_llama.py", "machine": MACHINE, "weights": "random (seed 0)", "held": 255,
          "rounds": 16, "steps": 8, "llama_cpp": "0.3.36", "ceilings": {"read_bandwidth": 40e9}, "rows": rows,
-         "note": "a busy host", "profiles": {"1": {"mvGPT compiled, float32": {"compiled graph": 1.9, "guards": 0.1}}}}
+         "note": "a busy host", "profiles": {"1": {"mvGPT eager, float32": {"matrix products": 1.9, "attention": 0.1}}}}
     table = report.decode({"amd-epyc/decode.json": d})["decode"]
     assert rows_of(table)[:4] == [
         ["threads", "engine", "step", "weights", "ms/token", "CPU ms/token", "floor ms", "× floor", "× llama.cpp"],
-        ["1", "mvGPT", "compiled (6.4 s to compile)", "float32, KV float32", "2.25", "2.00", "1.50", "1.50×", "1.12×"],
+        ["1", "mvGPT", "C step (6.4 s to build)", "float32, KV float32", "2.25", "2.00", "1.50", "1.50×", "1.12×"],
         ["1", "llama.cpp", "llama_decode", "f32, KV f32", "2.00", "1.90", "1.50", "1.33×", "–"],
         ["1", "mvGPT", "re-run window", "float32", "30.00", "–", "20.00", "1.50×", "–"]]
-    assert rows_of(table)[-2:] == [["compiled graph", "1.900"], ["guards", "0.100"]]
+    assert rows_of(table)[-2:] == [["matrix products", "1.900"], ["attention", "0.100"]]
     assert table.startswith("From `results/amd-epyc/decode.json` (made by `python dev/decode_vs_llama.py`)")
     assert "at 40.0 GB/s" in table and "Note: a busy host" in table and "llama-cpp-python 0.3.36" in table
     assert "Not measured yet" in report.decode({})["decode"]
 
 
-def test_decode_graph_table_sets_the_graphs_parts_beside_their_floors():
+def test_decode_parts_table_sets_the_calls_parts_beside_their_floors():
     parts = [{"part": "the blocks (their products, norms, GELU; 2 held)", "ms": 0.9, "bytes": 42_000_000,
               "floor_ms": 0.84, "over_floor": 0.9 / 0.84},
              {"part": "attention over 253 more held", "ms": 0.15, "bytes": 4_700_000, "floor_ms": 0.094,
               "over_floor": 0.15 / 0.094}]
-    d = {"command": "python dev/decode_graph.py", "machine": MACHINE, "threads": 2, "held": 255, "rounds": 40,
+    d = {"command": "python dev/decode_parts.py", "machine": MACHINE, "threads": 2, "held": 255, "rounds": 40,
          "calls": 16, "read_bandwidth": 50e9,
-         "rows": [{"dtype": "float32", "whole_ms": 1.3, "graph_ms": 1.2, "around_ms": 0.1, "parts": parts,
-                   "products_alone": {"part": "every product alone, none waiting for another", "ms": 0.8,
+         "rows": [{"dtype": "float32", "whole_ms": 1.3, "call_ms": 1.05, "around_ms": 0.25, "parts": parts,
+                   "products_alone": {"part": "every product alone, each in a parallel region of its own", "ms": 0.8,
                                       "bytes": 42_000_000, "floor_ms": 0.84, "over_floor": 0.8 / 0.84}}]}
-    table = report.decode_graph({"amd-epyc/decode-graph.json": d})["decode-graph"]
+    table = report.decode_parts({"amd-epyc/decode-parts.json": d})["decode-parts"]
     assert rows_of(table) == [
         ["weights", "what", "ms/token", "floor ms", "× floor"],
         ["float32", "the whole step", "1.300", "0.934", "1.39×"],
-        ["float32", "around the graph (Python, the cache's writes, Dynamo's guards)", "0.100", "", ""],
-        ["float32", "the graph", "1.200", "", ""],
+        ["float32", "around the call (Python: the angles, room in the cache, the arguments)", "0.250", "", ""],
+        ["float32", "the C call", "1.050", "0.934", "1.12×"],
         ["float32", "– the blocks (their products, norms, GELU; 2 held)", "0.900", "0.840", "1.07×"],
         ["float32", "– attention over 253 more held", "0.150", "0.094", "1.60×"],
-        ["float32", "for comparison: every product alone, none waiting for another", "0.800", "0.840", "0.95×"]]
-    assert table.startswith("From `results/amd-epyc/decode-graph.json` (made by `python dev/decode_graph.py`)")
+        ["float32", "for comparison: every product alone, each in a parallel region of its own", "0.800", "0.840",
+         "0.95×"]]
+    assert table.startswith("From `results/amd-epyc/decode-parts.json` (made by `python dev/decode_parts.py`)")
     assert "2 threads, 255 held; 40 turns of 16 steps each, each step timed after a read" in table
     assert "at 50.0 GB/s" in table
-    assert "Not measured yet" in report.decode_graph({})["decode-graph"]
+    assert "Not measured yet" in report.decode_parts({})["decode-parts"]
