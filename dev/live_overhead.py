@@ -52,6 +52,7 @@ from mvgpt.checkpoint import checkpoint_arg, load_model  # noqa: E402
 from mvgpt.data import DATA_DIR, data_tokenizer_hash, load_tokens, prepared_data, windows  # noqa: E402
 from mvgpt.device import pick_device  # noqa: E402
 from mvgpt.errors import ArgumentParser, UserError, at_least, run_main, writable_file  # noqa: E402
+from mvgpt.fast_decode import use_fast_decode  # noqa: E402
 from mvgpt.io import write_json  # noqa: E402
 from mvgpt.live import Limits  # noqa: E402
 from mvgpt.tokenizer import Tokenizer  # noqa: E402
@@ -171,6 +172,8 @@ def main(argv: list[str] | None = None) -> dict:
     with page_server(args) as address:
         for path in args.checkpoints:
             model = load_model(path, device, tok_hash)[0]
+            if model.config.rope:  # the C step, as serve.py and context.py put it in place
+                use_fast_decode(model, 2 * model.config.block_size)
             rows.append(measure(address, serve.run_name(path), model, tokenizer, val, args.repeats))
     print_rows(rows)
     command = shlex.join(["python", "dev/live_overhead.py", *(sys.argv[1:] if argv is None else argv)])

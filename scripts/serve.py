@@ -42,6 +42,7 @@ from mvgpt.checkpoint import CHECKPOINT_NAME
 from mvgpt.data import DATA_DIR, data_tokenizer_hash, load_tokens, prepared_data, windows
 from mvgpt.device import pick_device
 from mvgpt.errors import ArgumentParser, UserError, at_least, number, run_main
+from mvgpt.fast_decode import use_fast_decode
 from mvgpt.live import Limits, LiveError, sse
 from mvgpt.model import GPT
 from mvgpt.runs import find_model, load_source, model_arg
@@ -278,7 +279,9 @@ def load_app(args: argparse.Namespace) -> Live:
         name = run_name(path)
         if name in models:
             raise UserError(f"two checkpoints are named {name}: give each its own run folder")
-        models[name] = load_source(find_model(path, tok_hash), device, tok_hash)  # a LoRA run: on its base
+        models[name] = model = load_source(find_model(path, tok_hash), device, tok_hash)  # a LoRA run: on its base
+        if model.config.rope:  # the C step, as sample.py uses it, where it pays for the longest story asked for
+            use_fast_decode(model, args.max_tokens)
     return Live(models, tokenizer, load_tokens(args.data_dir, "val"), Limits(tokens=args.max_tokens))
 
 
