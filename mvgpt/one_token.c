@@ -32,6 +32,7 @@ static int omp_get_thread_num(void) { return 0; }
 #define W 16 /* floats per vector */
 typedef float vf __attribute__((vector_size(W * 4), aligned(4)));
 typedef uint32_t vu __attribute__((vector_size(W * 4), aligned(4)));
+typedef int32_t vi __attribute__((vector_size(W * 4), aligned(4)));
 
 enum { F32 = 0, BF16 = 1 }; /* the weights' dtype, and the cache's */
 
@@ -149,20 +150,68 @@ static void product(const float *x, int64_t B, const void *w, const void *b, int
     }
 }
 
-/* y += p * row, for a head's value; with bf16, the vector part gathers in ye, yo (even, odd elements) */
-static inline void axpy(float p, const void *row, int64_t n, float *y, float *ye, float *yo, int dt) {
-    int64_t nv = vector_part(n, dt);
-    vf pv = {0};
-    pv += p;
+/* y (hs) = sum of p[j] * row j of V, for n rows of a head's values, in float32. A 16-wide piece of y at
+   a time (32 with bf16: even and odd elements), summed in registers over 4 rows at once: four
+   independent chains of multiply-adds, not one waiting on the last. */
+static void weighted(const void *V, int64_t n, int64_t hs, const float *p, float *y, int dt) {
+    int64_t nv = vector_part(hs, dt), n4 = n / 4 * 4;
     if (dt == F32)
-        for (int64_t i = 0; i < nv; i += W) storef(y + i, loadf(y + i) + pv * loadf((const float *)row + i));
-    else
-        for (int64_t i = 0; i < nv; i += 2 * W) {
-            vu u = loadu((const uint16_t *)row + i);
-            storef(ye + i / 2, loadf(ye + i / 2) + pv * asf(u << 16));
-            storef(yo + i / 2, loadf(yo + i / 2) + pv * asf(u & 0xffff0000u));
+        for (int64_t c = 0; c < nv; c += W) {
+            const float *v = (const float *)V + c;
+            vf a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+            for (int64_t j = 0; j < n4; j += 4) {
+                a0 += p[j] * loadf(v + j * hs), a1 += p[j + 1] * loadf(v + (j + 1) * hs);
+                a2 += p[j + 2] * loadf(v + (j + 2) * hs), a3 += p[j + 3] * loadf(v + (j + 3) * hs);
+            }
+            for (int64_t j = n4; j < n; j++) a0 += p[j] * loadf(v + j * hs);
+            storef(y + c, (a0 + a1) + (a2 + a3));
         }
-    for (int64_t i = nv; i < n; i++) y[i] += p * get(row, i, dt);
+    else
+        for (int64_t c = 0; c < nv; c += 2 * W) {
+            const uint16_t *v = (const uint16_t *)V + c;
+            vf e0 = {0}, e1 = {0}, o0 = {0}, o1 = {0};
+            for (int64_t j = 0; j < n4; j += 2) {
+                vu u0 = loadu(v + j * hs), u1 = loadu(v + (j + 1) * hs);
+                e0 += p[j] * asf(u0 << 16), o0 += p[j] * asf(u0 & 0xffff0000u);
+                e1 += p[j + 1] * asf(u1 << 16), o1 += p[j + 1] * asf(u1 & 0xffff0000u);
+            }
+            for (int64_t j = n4; j < n; j++) {
+                vu u = loadu(v + j * hs);
+                e0 += p[j] * asf(u << 16), o0 += p[j] * asf(u & 0xffff0000u);
+            }
+            vf e = e0 + e1, o = o0 + o1;
+            for (int i = 0; i < W; i++) y[c + 2 * i] = e[i], y[c + 2 * i + 1] = o[i];
+        }
+    for (int64_t i = nv; i < hs; i++) {
+        y[i] = 0;
+        for (int64_t j = 0; j < n; j++) y[i] += p[j] * get(V, j * hs + i, dt);
+    }
+}
+
+/* p[j] = e^(p[j] - top) for j < n, returning their sum: softmax's exponentials, 16 at a time. e^x for
+   x <= 0 as the float32 libraries make it (Cephes' expf): x = k ln 2 + r, |r| <= ln 2 / 2, e^r by a
+   polynomial, times 2^k put straight into the exponent's bits. Within 2 units of float32's last place
+   of expf; below e^-87 (a weight of 10^-38 or less) it stays at e^-87. */
+static float exps(float *p, int64_t n, float top) {
+    vf sum = {0};
+    int64_t nv = n / W * W;
+    for (int64_t j = 0; j < nv; j += W) {
+        vf x = loadf(p + j) - top;
+        vi low = x < -87.0f;
+        x = (vf)(((vu)low & (vu)((vf){0} - 87.0f)) | (~(vu)low & (vu)x));
+        vi k = __builtin_convertvector(x * 1.44269504088896341f - 0.5f, vi); /* x / ln 2, to the nearest */
+        vf kf = __builtin_convertvector(k, vf);
+        vf r = x - kf * 0.693359375f + kf * 2.12194440e-4f; /* x - k ln 2, ln 2 in two parts */
+        vf e = 1.9875691500e-4f * r + 1.3981999507e-3f;
+        e = e * r + 8.3334519073e-3f, e = e * r + 4.1665795894e-2f, e = e * r + 1.6666665459e-1f;
+        e = e * r + 5.0000001201e-1f, e = e * r * r + r + 1.0f;
+        e *= (vf)((vu)(k + 127) << 23); /* 2^k */
+        storef(p + j, e);
+        sum += e;
+    }
+    float s = hsum(sum);
+    for (int64_t j = nv; j < n; j++) s += p[j] = expf(p[j] - top);
+    return s;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -237,20 +286,17 @@ int one_token(const void *const *weights, int dt, int64_t n_layer, int64_t C, in
                     put(cache_v, at + held * hs + i, v[i], dt);
                 }
                 /* the scores of the held keys and the new one, then one softmax over them, in float32 */
-                float *p = p_all + sh * (held + 1), *y = att + s * C + hd * hs, top = -INFINITY, sum = 0;
-                float *qe = mine, *qo = mine + half, *ye = mine + hs, *yo = mine + hs + half;
+                float *p = p_all + sh * (held + 1), *y = att + s * C + hd * hs, top = -INFINITY;
+                float *qe = mine, *qo = mine + half;
                 split(q, vector_part(hs, dt), qe, qo);
                 for (int64_t j = 0; j <= held; j++) {
                     p[j] = dot(K + j * hs * size, hs, q, qe, qo, dt) * scale;
                     top = p[j] > top ? p[j] : top;
                 }
-                for (int64_t j = 0; j <= held; j++) sum += p[j] = expf(p[j] - top);
+                float sum = exps(p, held + 1, top);
                 for (int64_t j = 0; j <= held; j++) p[j] = rnd(p[j] / sum, dt);
                 /* the values, weighted: the new one's too, as it is in the cache now */
-                memset(y, 0, hs * sizeof(float));
-                memset(ye, 0, hs * sizeof(float));  /* ye and yo */
-                for (int64_t j = 0; j <= held; j++) axpy(p[j], V + j * hs * size, hs, y, ye, yo, dt);
-                if (dt == BF16) for (int64_t j = 0; j < vector_part(hs, dt) / 2; j++) y[2 * j] = ye[j], y[2 * j + 1] = yo[j];
+                weighted(V, held + 1, hs, p, y, dt);
                 for (int64_t i = 0; i < hs; i++) y[i] = rnd(y[i], dt);
             }
             product(att, B, w[PROJ_W], w[PROJ_B], C, C, dt, x, ADD, mine);
