@@ -87,11 +87,17 @@ static inline float dot(const void *row, int64_t n, const float *x, const float 
     return hsum(a) + dot_tail((const char *)row + nv * (dt == F32 ? 4 : 2), n - nv, x + nv, dt);
 }
 
+/* ask the memory for the bytes `at` past each of four rows (a hint: it never faults, even past the end) */
+static inline void ahead(const char *r0, const char *r1, const char *r2, const char *r3, int64_t at) {
+    __builtin_prefetch(r0 + at), __builtin_prefetch(r1 + at), __builtin_prefetch(r2 + at), __builtin_prefetch(r3 + at);
+}
+
 /* acc[r] = x . w[o + r], for the 4 rows from o of w (n wide): dot() four times over, each row with its
    own accumulator (written out, so that they stay in registers), the input's loads shared. Unrolled
    twice: 8 cache lines asked for at once instead of 4, which the memory serves faster (rows are short
    streams for the prefetcher: 12 lines for a bf16 row of 384); bf16's products alone took a quarter
-   less time so on an AMD EPYC. */
+   less time so on an AMD EPYC. And the same places of the rows 8 further on are asked for now, to be
+   at hand when their turn comes: the step took a tenth less time again, with 1 thread or 2. */
 static inline void four_rows(const void *w, int64_t o, int64_t n, const float *x, const float *xe, const float *xo,
                              int dt, float *acc) {
     vf a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
@@ -100,12 +106,14 @@ static inline void four_rows(const void *w, int64_t o, int64_t n, const float *x
     if (dt == F32)
         _Pragma("GCC unroll 2") for (int64_t i = 0; i < nv; i += W) {
             vf xv = loadf(x + i);
+            ahead(r0, r1, r2, r3, 8 * n * size + i * size);
             a0 += xv * loadf((const float *)r0 + i), a1 += xv * loadf((const float *)r1 + i);
             a2 += xv * loadf((const float *)r2 + i), a3 += xv * loadf((const float *)r3 + i);
         }
     else
         _Pragma("GCC unroll 2") for (int64_t i = 0; i < nv; i += 2 * W) {
             vf e = loadf(xe + i / 2), od = loadf(xo + i / 2);
+            ahead(r0, r1, r2, r3, 8 * n * size + i * size);
             vu u0 = loadu((const uint16_t *)r0 + i), u1 = loadu((const uint16_t *)r1 + i);
             vu u2 = loadu((const uint16_t *)r2 + i), u3 = loadu((const uint16_t *)r3 + i);
             a0 += e * asf(u0 << 16), a1 += e * asf(u1 << 16), a2 += e * asf(u2 << 16), a3 += e * asf(u3 << 16);
