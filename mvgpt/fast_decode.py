@@ -75,14 +75,27 @@ def library() -> ctypes.CDLL:
         if done.returncode == 0:
             break
     else:
-        raise RuntimeError(f"{cc} could not build {SOURCE.name}: {done.stderr.strip().splitlines()[-1:]}")
+        last_words = (done.stderr.strip().splitlines() or ["no message"])[-1]
+        raise RuntimeError(f"{Path(cc).name} could not build {SOURCE.name}: {last_words}")
     lib = ctypes.CDLL(str(out))
+    out.unlink()  # loaded: the file is no longer needed (nothing is left behind in the temporary folder)
+    out.parent.rmdir()
     P, I64, INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int  # noqa: N806
     lib.one_token.argtypes = [P, INT, I64, I64, I64, I64, P, I64, P, P, INT, P, P, P, I64, I64, I64, I64, P, P, INT]
     lib.one_token.restype = INT
     lib.matvec.argtypes = [P, I64, P, P, I64, I64, INT, P, P, INT]
     lib.matvec.restype = None
     return lib
+
+
+@cache
+def build_error() -> str | None:
+    """Why the C step cannot be built here, in one line (None: it is built, once per process)."""
+    try:
+        library()
+    except RuntimeError as error:
+        return str(error)
+    return None
 
 
 Pair = tuple[torch.Tensor, torch.Tensor | None]  # a layer's weight and bias
@@ -127,7 +140,8 @@ STEP_MODULES = (GPT, Block, CausalSelfAttention, MLP, nn.ModuleList, nn.Linear, 
 def compilable(model: GPT) -> str | None:
     """Why one_token.c would not compute what this model's forward does (None when it would). It knows
     the episode's modules only: a LoRA layer, or an MLP with a forward of its own (gguf.ggml_activation),
-    is left to the model; and float32 or bf16 weights on a CPU. The table of angles may be any."""
+    is left to the model; and float32 or bf16 weights on a CPU. The table of angles may be any. Last, it
+    must build here (the first call builds it)."""
     weight = model.wte.weight
     if weight.device.type != "cpu":
         return f"its weights are on {weight.device.type}, not the CPU"
@@ -140,7 +154,7 @@ def compilable(model: GPT) -> str | None:
             return f"{name} is a {type(module).__name__}"
         if "forward" in vars(module):
             return f"{name or 'the model'} has a forward of its own"
-    return None
+    return build_error()
 
 
 class FastDecode:
@@ -154,8 +168,8 @@ class FastDecode:
 
     def __init__(self, model: GPT) -> None:
         self.model = model
-        self.why_not = compilable(model)
         t0 = time.perf_counter()
+        self.why_not = compilable(model)  # builds the C step, the first time
         self.lib = library() if self.why_not is None else None
         self.warmup_s = time.perf_counter() - t0
         self.ends = (model.wte.weight, model.blocks[-1].mlp.proj.weight)  # model.to() moves these with the rest
@@ -245,10 +259,10 @@ def break_even_tokens(eager_ms: float, fast_ms: float, warmup_s: float) -> float
 
 
 def fast_decode_pays(device: torch.device | str, dtype: torch.dtype, tokens: int,
-                     measured: dict[str, tuple[float, float, float]] = MEASURED) -> bool:
+                     measured: dict[str, tuple[float, float, float]] | None = None) -> bool:
     """Whether building the C step pays for itself over `tokens` steps on this device, by the figures
-    `measured` for its dtype (eager ms, C step ms, build seconds)."""
-    figures = measured.get(dtype_name(dtype))
+    `measured` for its dtype (eager ms, C step ms, build seconds; default MEASURED)."""
+    figures = (MEASURED if measured is None else measured).get(dtype_name(dtype))
     if figures is None or not c_builds_here(device):
         return False
     tokens_needed = break_even_tokens(*figures)
@@ -271,7 +285,7 @@ def use_fast_decode(model: GPT, tokens: int) -> FastDecode | None:
     """Put the C step in place of model.decode where it pays for `tokens` one-token steps (and the model
     is one it covers); builds it now. Returns it, or None where the model keeps its own."""
     weight = model.wte.weight
-    if compilable(model) is not None or not fast_decode_pays(weight.device, weight.dtype, tokens):
+    if not fast_decode_pays(weight.device, weight.dtype, tokens) or compilable(model) is not None:
         return None
     model.decode = FastDecode(model)
     return model.decode

@@ -10,6 +10,8 @@ import io
 import os
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import context
 import pytest
@@ -65,17 +67,29 @@ def test_only_a_cpu_with_a_c_compiler_builds_the_step(monkeypatch):
     assert fd.compiler() is None and not fd.c_builds_here("cpu")
 
 
-def test_a_compiler_that_fails_says_so_in_one_line(monkeypatch, tmp_path):
+def test_a_compiler_that_fails_leaves_the_eager_step_and_says_why_in_one_line(monkeypatch, tmp_path):
     fake = tmp_path / "cc"
-    fake.write_text("#!/bin/sh\necho 'cc: fatal error: no space left' >&2\nexit 1\n")
+    fake.write_text("#!/bin/sh\necho 'cc: fatal error: no space left on device' >&2\nexit 1\n")
     fake.chmod(0o755)
     monkeypatch.setenv("CC", str(fake))
-    fd.library.cache_clear()
+    monkeypatch.setattr(fd, "fast_decode_pays", lambda device, dtype, tokens: True)
+    fd.library.cache_clear(), fd.build_error.cache_clear()
+    model = tiny_model(rope=True)
     try:
-        with pytest.raises(RuntimeError, match=r"could not build one_token.c: .*no space left"):
+        with pytest.raises(RuntimeError, match=r"^cc could not build one_token.c: cc: fatal error: no space left"):
             fd.library()
+        said = "cc could not build one_token.c: cc: fatal error: no space left on device"
+        assert fd.eager_because(model, 10**6) == said
+        assert fd.use_fast_decode(model, 10**6) is None and "decode" not in vars(model)
     finally:
-        fd.library.cache_clear()
+        fd.library.cache_clear(), fd.build_error.cache_clear()
+
+
+def test_the_built_library_leaves_no_file_behind():
+    fd.library.cache_clear(), fd.build_error.cache_clear()
+    before = set(Path(tempfile.gettempdir()).glob("mvgpt-*"))
+    fd.library()
+    assert set(Path(tempfile.gettempdir()).glob("mvgpt-*")) == before
 
 
 def test_use_fast_decode_leaves_the_models_step_where_it_does_not_pay(monkeypatch):
