@@ -801,7 +801,7 @@ def decode(r: dict) -> dict:
         text += f" Note: {d['note']}\n\n" if d.get("note") else "\n\n"
         rows = []
         for x in d["rows"]:
-            how = x["step"] + (f" ({x['warmup_s']:.1f} s to build)" if x.get("warmup_s") else "")
+            how = x["step"] + (f" ({x['warmup_s']:.1f} s to build)" if (x.get("warmup_s") or 0) >= 0.05 else "")
             floor = x.get("floor_ms", x.get("compute_floor_ms"))
             rows.append([x["threads"], x["engine"], how, x["weights"] if x["step"] == "re-run window" else
                          f"{x['weights']}, KV {x['kv']}", f"{x['ms']:.2f}",
