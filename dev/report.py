@@ -1111,7 +1111,7 @@ def readme_expect(r: dict) -> str:
             + table(["figure", "the video (at)", *EXPECT_MACHINES], rows, "lr" + "r" * len(EXPECT_MACHINES))
             + f"\nThe first {first} `pretrain.py --rope` as typed; the rest, the main job's rope model "
             f"(`--max-steps {main_steps[0]}` on the Intel; {main_steps[1]:,} steps, as the job chose, on the AMD). "
-            "On the AMD, `context.py` wrote with the C step (`mvgpt/one_token.c`); the Intel's run predates it.\n"
+            "The AMD's cache step ran in C.\n"
             + f"\nWhy they differ, one line each:\n\n"
             f"- **The training.** The video's own figures put its rope run at about {video_tokens / 1e6:.1f}M "
             f"tokens; ours saw {tokens_seen}. It names neither its machine nor its batch.\n"

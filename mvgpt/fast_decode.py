@@ -45,9 +45,9 @@ from mvgpt.precision import dtype_name
 
 SOURCE = Path(__file__).with_name("one_token.c")
 DTYPES = {torch.float32: 0, torch.bfloat16: 1}  # the C file's F32, BF16
-# -march=native: the CPU's own vectors; -fopenmp: its cores; -ffp-contract=fast: a multiply and an add
-# in one instruction. Where a compiler refuses one (Apple's clang has no OpenMP), the next set.
-FLAG_SETS = (["-march=native", "-fopenmp"], ["-mcpu=native", "-fopenmp"], ["-march=native"], ["-mcpu=native"], [])
+# -march=native: the CPU's own vectors (-mcpu=native where a compiler wants that instead); -pthread: its
+# cores; -ffp-contract=fast: a multiply and an add in one instruction.
+FLAG_SETS = (["-march=native"], ["-mcpu=native"], [])
 
 
 def compiler() -> str | None:
@@ -70,7 +70,8 @@ def library() -> ctypes.CDLL:
         raise RuntimeError("no C compiler: install one (cc, gcc or clang), or set CC")
     out = Path(tempfile.mkdtemp(prefix="mvgpt-")) / "one_token.so"
     for flags in FLAG_SETS:
-        cmd = [cc, "-O2", *flags, "-ffp-contract=fast", "-shared", "-fPIC", str(SOURCE), "-o", str(out), "-lm"]
+        cmd = [cc, "-O2", *flags, "-pthread", "-ffp-contract=fast", "-shared", "-fPIC", str(SOURCE), "-o", str(out),
+               "-lm"]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode == 0:
             break
