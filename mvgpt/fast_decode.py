@@ -45,9 +45,14 @@ from mvgpt.precision import dtype_name
 
 SOURCE = Path(__file__).with_name("one_token.c")
 DTYPES = {torch.float32: 0, torch.bfloat16: 1}  # the C file's F32, BF16
-# -march=native: the CPU's own vectors (-mcpu=native where a compiler wants that instead); -pthread: its
-# cores; -ffp-contract=fast: a multiply and an add in one instruction.
-FLAG_SETS = (["-march=native"], ["-mcpu=native"], [])
+# -march=native: the CPU's own vectors; -fopenmp: its cores; -ffp-contract=fast: a multiply and an add
+# in one instruction. Where a compiler refuses one (Apple's clang has no OpenMP), the next set.
+# OpenMP, not threads of its own: the library links libgomp.so.1, which resolves to the copy torch has
+# loaded already, so the step shares torch's threads instead of competing with them for the cores (a
+# pool of its own was tried: after any torch operation, torch's threads spun on for milliseconds and
+# the step took twice as long). libgomp's one weakness: a step run on any thread but the process's
+# first waits on sleeping threads at every stage (about twice as slow), as torch's own operations do.
+FLAG_SETS = (["-march=native", "-fopenmp"], ["-mcpu=native", "-fopenmp"], ["-march=native"], ["-mcpu=native"], [])
 
 
 def compiler() -> str | None:
@@ -70,8 +75,7 @@ def library() -> ctypes.CDLL:
         raise RuntimeError("no C compiler: install one (cc, gcc or clang), or set CC")
     out = Path(tempfile.mkdtemp(prefix="mvgpt-")) / "one_token.so"
     for flags in FLAG_SETS:
-        cmd = [cc, "-O2", *flags, "-pthread", "-ffp-contract=fast", "-shared", "-fPIC", str(SOURCE), "-o", str(out),
-               "-lm"]
+        cmd = [cc, "-O2", *flags, "-ffp-contract=fast", "-shared", "-fPIC", str(SOURCE), "-o", str(out), "-lm"]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode == 0:
             break

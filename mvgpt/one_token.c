@@ -4,8 +4,8 @@
    Why by hand: at batch 1 a token multiplies a vector by every weight matrix, reading each weight
    once for two flops, so the step is bounded by the memory's speed. PyTorch runs it as about a
    hundred operations, each dispatched from Python; torch.compile cut that to one graph, but left
-   a Python wrapper, guards and 26 parallel regions around it. Here the step is one call, one job
-   for a pool of threads: they split each matrix's rows, then the heads, and wait for each other
+   a Python wrapper, guards and 26 parallel regions around it. Here the step is one call and one
+   parallel region: the threads split each matrix's rows, then the heads, and wait for each other
    only where the next stage reads what all of them wrote.
 
    Numbers are added in float32. With bf16 weights each value is rounded to bf16 where the eager
@@ -20,10 +20,14 @@
    (AVX-512, AVX2, NEON) with -march=native. */
 
 #include <math.h>
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#else
+static int omp_get_thread_num(void) { return 0; }
+#endif
 
 #define W 16 /* floats per vector */
 typedef float vf __attribute__((vector_size(W * 4), aligned(4)));
@@ -50,103 +54,6 @@ static inline void put(void *p, int64_t i, float v, int dt) {
     if (dt == F32) ((float *)p)[i] = v; else ((uint16_t *)p)[i] = to_bf16(v);
 }
 static inline float rnd(float v, int dt) { return dt == F32 ? v : from_bf16(to_bf16(v)); }
-
-/* ---------------------------------------------------------------------------------------------
-   Threads: a pool of its own, as llama.cpp has. OpenMP's was slower by 2.5 times when the step ran
-   on any thread but the process's first (serve.py runs each story on a thread of its own): libgomp
-   counts that first thread as busy, sees more threads than cores, and puts its workers to sleep at
-   every wait. Here workers spin a few milliseconds after each job, waiting for the next token's,
-   then sleep until one comes. Any thread may post a job; one job runs at a time. */
-
-#if defined(__x86_64__) || defined(__i386__)
-#define relax() __builtin_ia32_pause()
-#elif defined(__aarch64__)
-#define relax() __asm__ __volatile__("yield")
-#else
-#define relax() ((void)0)
-#endif
-
-#define MAX_THREADS 256
-#define SPIN 100000 /* waits for the next job: a few milliseconds, then sleep */
-
-typedef void (*job_fn)(void *arg, int t, int T); /* thread t of T */
-
-static struct {
-    pthread_mutex_t one_job, mu;
-    pthread_cond_t wake;
-    int workers; /* started so far: threads 1..workers (the caller is thread 0) */
-    job_fn fn;
-    void *arg;
-    int T;
-    atomic_uint job, passed; /* a new job's number; the barriers passed */
-    atomic_int arrived, sleeping;
-} pool = {.one_job = PTHREAD_MUTEX_INITIALIZER, .mu = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER};
-
-/* every thread of the job waits here until all T have come */
-static void barrier(int T) {
-    if (T == 1) return;
-    unsigned passed = atomic_load_explicit(&pool.passed, memory_order_acquire);
-    if (atomic_fetch_add_explicit(&pool.arrived, 1, memory_order_acq_rel) == T - 1) {
-        atomic_store_explicit(&pool.arrived, 0, memory_order_relaxed);
-        atomic_fetch_add_explicit(&pool.passed, 1, memory_order_release);
-    } else
-        while (atomic_load_explicit(&pool.passed, memory_order_acquire) == passed) relax();
-}
-
-static unsigned first_seen[MAX_THREADS]; /* the job before a worker's first: set before it starts */
-
-static void *worker(void *id) {
-    int t = (int)(intptr_t)id;
-    unsigned seen = first_seen[t];
-    for (;;) {
-        for (int spins = 0; atomic_load_explicit(&pool.job, memory_order_acquire) == seen; spins++) {
-            if (spins < SPIN) { relax(); continue; }
-            pthread_mutex_lock(&pool.mu);
-            atomic_fetch_add(&pool.sleeping, 1);
-            while (atomic_load(&pool.job) == seen) pthread_cond_wait(&pool.wake, &pool.mu);
-            atomic_fetch_sub(&pool.sleeping, 1);
-            pthread_mutex_unlock(&pool.mu);
-        }
-        seen = atomic_load(&pool.job);
-        if (t < pool.T) { /* a job for fewer threads leaves the others out */
-            pool.fn(pool.arg, t, pool.T);
-            barrier(pool.T);
-        }
-    }
-    return NULL;
-}
-
-static void after_fork_in_child(void) { /* the workers did not come along */
-    pool.workers = 0;
-    pthread_mutex_init(&pool.one_job, NULL), pthread_mutex_init(&pool.mu, NULL), pthread_cond_init(&pool.wake, NULL);
-}
-
-/* fn(arg, t, T) on T threads, the caller's among them; returns when all are done */
-static void run(job_fn fn, void *arg, int T) {
-    T = T < 1 ? 1 : T > MAX_THREADS ? MAX_THREADS : T;
-    pthread_mutex_lock(&pool.one_job);
-    if (pool.workers == 0) pthread_atfork(NULL, NULL, after_fork_in_child);
-    for (; pool.workers < T - 1; pool.workers++) {
-        pthread_t thread;
-        first_seen[pool.workers + 1] = atomic_load(&pool.job);
-        if (pthread_create(&thread, NULL, worker, (void *)(intptr_t)(pool.workers + 1)) != 0) break;
-        pthread_detach(thread);
-    }
-    T = pool.workers + 1 < T ? pool.workers + 1 : T; /* as many as could start */
-    pool.fn = fn, pool.arg = arg, pool.T = T;
-    atomic_fetch_add_explicit(&pool.job, 1, memory_order_seq_cst);
-    if (atomic_load(&pool.sleeping)) {
-        pthread_mutex_lock(&pool.mu);
-        pthread_cond_broadcast(&pool.wake);
-        pthread_mutex_unlock(&pool.mu);
-    }
-    fn(arg, 0, T);
-    barrier(T);
-    pthread_mutex_unlock(&pool.one_job);
-}
-
-/* thread t's share [from, to) of n items, in T equal parts */
-static inline void share(int64_t n, int t, int T, int64_t *from, int64_t *to) { *from = n * t / T, *to = n * (t + 1) / T; }
 
 /* ---------------------------------------------------------------------------------------------
    Rows against a vector: the products, and attention's scores and weighted values */
@@ -223,16 +130,15 @@ enum { STORE, ADD, GELU, LOGITS }; /* what a product does with its sum: store it
                                       residual stream, store its GELU, store it in the weights' dtype */
 
 /* y (B, out) from x (B, n) @ w (out, n)^T + b (b may be NULL): each sum rounded to the weights'
-   dtype, then as `mode` says. Every thread of the job calls it, for its share of the rows, and waits
-   for the others at the end; `mine` is this thread's scratch (B * n floats), where it splits x for
-   itself, so no thread waits for another before the rows. */
+   dtype, then as `mode` says. Every thread of the region calls it; `mine` is this thread's scratch
+   (B * n floats), where it splits x for itself, so no thread waits for another before the rows. */
 static void product(const float *x, int64_t B, const void *w, const void *b, int64_t out, int64_t n, int dt,
-                    void *y, int mode, float *mine, int t, int T) {
-    int64_t half = n / 2, first, last;
+                    void *y, int mode, float *mine) {
+    int64_t half = n / 2;
     if (dt == BF16)
         for (int64_t s = 0; s < B; s++) split(x + s * n, vector_part(n, dt), mine + s * n, mine + s * n + half);
-    share((out + 3) / 4, t, T, &first, &last);  /* blocks of 4 rows */
-    for (int64_t o = 4 * first; o < 4 * last && o < out; o += 4) {
+    #pragma omp for schedule(static)
+    for (int64_t o = 0; o < out; o += 4) {
         int R = out - o < 4 ? (int)(out - o) : 4;
         for (int64_t s = 0; s < B; s++) {
             const float *xs = x + s * n, *xe = mine + s * n, *xo = mine + s * n + half;
@@ -250,7 +156,6 @@ static void product(const float *x, int64_t B, const void *w, const void *b, int
             }
         }
     }
-    barrier(T);
 }
 
 /* y (hs) = sum of p[j] * row j of V, for n rows of a head's values, in float32. A 16-wide piece of y at
@@ -321,10 +226,9 @@ static float exps(float *p, int64_t n, float top) {
    The step */
 
 /* LayerNorm of each sequence's x (C) into h, in float32, with nn.LayerNorm's eps */
-static void norm(const float *x, int64_t B, int64_t C, const void *w, const void *b, int dt, float *h, int t, int T) {
-    int64_t first, last;
-    share(B, t, T, &first, &last);
-    for (int64_t s = first; s < last; s++) {
+static void norm(const float *x, int64_t B, int64_t C, const void *w, const void *b, int dt, float *h) {
+    #pragma omp for schedule(static)
+    for (int64_t s = 0; s < B; s++) {
         const float *xs = x + s * C;
         float mean = 0, var = 0;
         for (int64_t i = 0; i < C; i++) mean += xs[i];
@@ -333,7 +237,6 @@ static void norm(const float *x, int64_t B, int64_t C, const void *w, const void
         float inv = 1.0f / sqrtf(var / C + 1e-5f);
         for (int64_t i = 0; i < C; i++) h[s * C + i] = (xs[i] - mean) * inv * get(w, i, dt) + get(b, i, dt);
     }
-    barrier(T);
 }
 
 /* The weights, in the order of fast_decode.step_weights: the token embedding; per layer ln_1 (weight,
@@ -350,101 +253,76 @@ enum { LN1_W, LN1_B, QKV_W, QKV_B, PROJ_W, PROJ_B, LN2_W, LN2_B, FC_W, FC_B, MPR
    (B, C), qkv (B, 3C), f (B, 4C), the attention's weights (B, H, held + 1), and each thread's own
    (B, 4C), in floats. Returns 0, or 1 + the first sequence whose token is not in the vocabulary
    (then nothing is written). */
-typedef struct { /* one_token's arguments, for the threads of its job */
-    const void *const *weights;
-    int dt, angles_dt;
-    int64_t n_layer, C, H, vocab, B, sL, sB, sH, held;
-    const int64_t *token;
-    const void *cos, *sin, *position;
-    void *cache_k, *cache_v, *logits;
-    float *scratch;
-} Step;
-
-/* thread t of T's part of a step (see one_token) */
-static void step(void *arg, int t, int T) {
-    const Step *a = arg;
-    const int dt = a->dt;
-    const int64_t B = a->B, C = a->C, H = a->H, held = a->held, hs = C / H, half = hs / 2, size = dt == F32 ? 4 : 2;
-    float *x = a->scratch, *h = x + B * C, *att = h + B * C, *qkv = att + B * C, *f = qkv + 3 * B * C;
-    float *p_all = f + 4 * B * C, *mine = p_all + B * H * (held + 1) + (int64_t)t * B * 4 * C;
-    const float scale = 1.0f / sqrtf((float)hs);
-    int64_t first, last;
-    share(B, t, T, &first, &last);
-    for (int64_t s = first; s < last; s++)  /* the token's row (plus the position's, for learned positions) */
-        for (int64_t i = 0; i < C; i++) {
-            float e = get(a->weights[0], a->token[s] * C + i, dt);
-            x[s * C + i] = a->position ? rnd(e + get(a->position, i, dt), dt) : e;
-        }
-    barrier(T);
-    for (int64_t l = 0; l < a->n_layer; l++) {
-        const void *const *w = a->weights + 1 + l * PER_LAYER;
-        norm(x, B, C, w[LN1_W], w[LN1_B], dt, h, t, T);
-        product(h, B, w[QKV_W], w[QKV_B], 3 * C, C, dt, qkv, STORE, mine, t, T);
-        share(B * H, t, T, &first, &last);
-        for (int64_t sh = first; sh < last; sh++) {  /* one head of one sequence */
-            int64_t s = sh / H, hd = sh % H;
-            float *q = qkv + s * 3 * C + hd * hs, *k = q + C, *v = q + 2 * C;
-            if (a->cos)  /* rope: turn the pairs (i, i + head/2) of the query and of the key */
-                for (int64_t i = 0; i < half; i++) {
-                    float c = get(a->cos, i, a->angles_dt), sn = get(a->sin, i, a->angles_dt);
-                    float q1 = q[i], q2 = q[half + i], k1 = k[i], k2 = k[half + i];
-                    q[i] = rnd(q1 * c - q2 * sn, dt), q[half + i] = rnd(q1 * sn + q2 * c, dt);
-                    k[i] = rnd(k1 * c - k2 * sn, dt), k[half + i] = rnd(k1 * sn + k2 * c, dt);
-                }
-            int64_t at = l * a->sL + s * a->sB + hd * a->sH;  /* this head's first row held, in elements */
-            const char *K = (const char *)a->cache_k + at * size, *V = (const char *)a->cache_v + at * size;
-            for (int64_t i = 0; i < hs; i++) {  /* the new key and value: the row after those held */
-                put(a->cache_k, at + held * hs + i, k[i], dt);
-                put(a->cache_v, at + held * hs + i, v[i], dt);
-            }
-            /* the scores of the held keys and the new one, then one softmax over them, in float32 */
-            float *p = p_all + sh * (held + 1), *y = att + s * C + hd * hs, top = -INFINITY;
-            float *qe = mine, *qo = mine + half;
-            split(q, vector_part(hs, dt), qe, qo);
-            for (int64_t j = 0; j <= held; j++) {
-                p[j] = dot(K + j * hs * size, hs, q, qe, qo, dt) * scale;
-                top = p[j] > top ? p[j] : top;
-            }
-            float sum = exps(p, held + 1, top);
-            for (int64_t j = 0; j <= held; j++) p[j] = rnd(p[j] / sum, dt);
-            /* the values, weighted: the new one's too, as it is in the cache now */
-            weighted(V, held + 1, hs, p, y, dt);
-            for (int64_t i = 0; i < hs; i++) y[i] = rnd(y[i], dt);
-        }
-        barrier(T);
-        product(att, B, w[PROJ_W], w[PROJ_B], C, C, dt, x, ADD, mine, t, T);
-        norm(x, B, C, w[LN2_W], w[LN2_B], dt, h, t, T);
-        product(h, B, w[FC_W], w[FC_B], 4 * C, C, dt, f, GELU, mine, t, T);
-        product(f, B, w[MPROJ_W], w[MPROJ_B], C, 4 * C, dt, x, ADD, mine, t, T);
-    }
-    const void *const *lw = a->weights + 1 + a->n_layer * PER_LAYER;
-    norm(x, B, C, lw[0], lw[1], dt, h, t, T);
-    product(h, B, lw[2], NULL, a->vocab, C, dt, a->logits, LOGITS, mine, t, T);
-}
-
 int one_token(const void *const *weights, int dt, int64_t n_layer, int64_t C, int64_t H, int64_t vocab,
-              const int64_t *token, int64_t B, const void *cos, const void *sin, int angles_dt,
-              const void *position, void *cache_k, void *cache_v, int64_t sL, int64_t sB, int64_t sH,
-              int64_t held, void *logits, float *scratch, int threads) {
+               const int64_t *token, int64_t B, const void *cos, const void *sin, int angles_dt,
+               const void *position, void *cache_k, void *cache_v, int64_t sL, int64_t sB, int64_t sH,
+               int64_t held, void *logits, float *scratch, int threads) {
+    int64_t hs = C / H, half = hs / 2, size = dt == F32 ? 4 : 2;
+    float *x = scratch, *h = x + B * C, *att = h + B * C, *qkv = att + B * C, *f = qkv + 3 * B * C;
+    float *p_all = f + 4 * B * C, *mine_all = p_all + B * H * (held + 1);
+    const float scale = 1.0f / sqrtf((float)hs);
     for (int64_t s = 0; s < B; s++)
         if (token[s] < 0 || token[s] >= vocab) return (int)s + 1;
-    Step a = {weights, dt, angles_dt, n_layer, C, H, vocab, B, sL, sB, sH, held, token, cos, sin, position,
-              cache_k, cache_v, logits, scratch};
-    run(step, &a, threads);
+    #pragma omp parallel num_threads(threads)
+    {
+        float *mine = mine_all + (int64_t)omp_get_thread_num() * B * 4 * C;
+        #pragma omp for schedule(static)
+        for (int64_t s = 0; s < B; s++)  /* the token's row (plus the position's, for learned positions) */
+            for (int64_t i = 0; i < C; i++) {
+                float e = get(weights[0], token[s] * C + i, dt);
+                x[s * C + i] = position ? rnd(e + get(position, i, dt), dt) : e;
+            }
+        for (int64_t l = 0; l < n_layer; l++) {
+            const void *const *w = weights + 1 + l * PER_LAYER;
+            norm(x, B, C, w[LN1_W], w[LN1_B], dt, h);
+            product(h, B, w[QKV_W], w[QKV_B], 3 * C, C, dt, qkv, STORE, mine);
+            #pragma omp for schedule(static)
+            for (int64_t sh = 0; sh < B * H; sh++) {  /* one head of one sequence */
+                int64_t s = sh / H, hd = sh % H;
+                float *q = qkv + s * 3 * C + hd * hs, *k = q + C, *v = q + 2 * C;
+                if (cos)  /* rope: turn the pairs (i, i + head/2) of the query and of the key */
+                    for (int64_t i = 0; i < half; i++) {
+                        float c = get(cos, i, angles_dt), sn = get(sin, i, angles_dt);
+                        float q1 = q[i], q2 = q[half + i], k1 = k[i], k2 = k[half + i];
+                        q[i] = rnd(q1 * c - q2 * sn, dt), q[half + i] = rnd(q1 * sn + q2 * c, dt);
+                        k[i] = rnd(k1 * c - k2 * sn, dt), k[half + i] = rnd(k1 * sn + k2 * c, dt);
+                    }
+                int64_t at = l * sL + s * sB + hd * sH;  /* this head's first row held, in elements */
+                const char *K = (const char *)cache_k + at * size, *V = (const char *)cache_v + at * size;
+                for (int64_t i = 0; i < hs; i++) {  /* the new key and value: the row after those held */
+                    put(cache_k, at + held * hs + i, k[i], dt);
+                    put(cache_v, at + held * hs + i, v[i], dt);
+                }
+                /* the scores of the held keys and the new one, then one softmax over them, in float32 */
+                float *p = p_all + sh * (held + 1), *y = att + s * C + hd * hs, top = -INFINITY;
+                float *qe = mine, *qo = mine + half;
+                split(q, vector_part(hs, dt), qe, qo);
+                for (int64_t j = 0; j <= held; j++) {
+                    p[j] = dot(K + j * hs * size, hs, q, qe, qo, dt) * scale;
+                    top = p[j] > top ? p[j] : top;
+                }
+                float sum = exps(p, held + 1, top);
+                for (int64_t j = 0; j <= held; j++) p[j] = rnd(p[j] / sum, dt);
+                /* the values, weighted: the new one's too, as it is in the cache now */
+                weighted(V, held + 1, hs, p, y, dt);
+                for (int64_t i = 0; i < hs; i++) y[i] = rnd(y[i], dt);
+            }
+            product(att, B, w[PROJ_W], w[PROJ_B], C, C, dt, x, ADD, mine);
+            norm(x, B, C, w[LN2_W], w[LN2_B], dt, h);
+            product(h, B, w[FC_W], w[FC_B], 4 * C, C, dt, f, GELU, mine);
+            product(f, B, w[MPROJ_W], w[MPROJ_B], C, 4 * C, dt, x, ADD, mine);
+        }
+        const void *const *last = weights + 1 + n_layer * PER_LAYER;
+        norm(x, B, C, last[0], last[1], dt, h);
+        product(h, B, last[2], NULL, vocab, C, dt, logits, LOGITS, mine);
+    }
     return 0;
 }
 
-typedef struct { const float *x; int64_t B; const void *w, *b; int64_t out, n; int dt; void *y; float *scratch; } Alone;
-
-static void alone(void *arg, int t, int T) {
-    const Alone *a = arg;
-    product(a->x, a->B, a->w, a->b, a->out, a->n, a->dt, a->y, LOGITS, a->scratch + (int64_t)t * a->B * a->n, t, T);
-}
-
-/* One product alone, a job of its own (dev/decode_parts.py times the step's parts): y (B, out) in the
-   weights' dtype; scratch: threads * B * n floats. */
+/* One product alone, in a parallel region of its own (dev/decode_parts.py times the step's parts):
+   y (B, out) in the weights' dtype; scratch: threads * B * n floats. */
 void matvec(const float *x, int64_t B, const void *w, const void *b, int64_t out, int64_t n, int dt, void *y,
             float *scratch, int threads) {
-    Alone a = {x, B, w, b, out, n, dt, y, scratch};
-    run(alone, &a, threads);
+    #pragma omp parallel num_threads(threads)
+    product(x, B, w, b, out, n, dt, y, LOGITS, scratch + (int64_t)omp_get_thread_num() * B * n);
 }
