@@ -166,9 +166,10 @@ class FastDecode:
     """GPT.decode in C: `fast(token, cache)` -> logits (B, 1, vocab), the cache moved on by one.
 
     Steps it does not cover go to the model's own forward: more than one token, a model `compilable`
-    refuses, a cache of another dtype than the weights, a learned position past the table (the model
-    says why). Builds mvgpt/one_token.c on creation (once per process), and `warmup_s` says how long
-    that took. Not an nn.Module: set on a model as `model.decode`, it adds nothing to its state_dict.
+    refuses, a cache of another dtype than the weights or not laid out as KVCache lays it, a learned
+    position past the table (the model says why). Builds mvgpt/one_token.c on creation (once per
+    process), and `warmup_s` says how long that took. Not an nn.Module: set on a model as
+    `model.decode`, it adds nothing to its state_dict.
     """
 
     def __init__(self, model: GPT) -> None:
@@ -202,6 +203,7 @@ class FastDecode:
     def __call__(self, token: torch.Tensor, cache: KVCache) -> torch.Tensor:
         model, weight = self.model, self.model.wte.weight
         if (self.why_not is not None or token.shape[1] != 1 or cache.k.dtype != weight.dtype
+                or not (cache.k.is_contiguous() and cache.v.is_contiguous())
                 or (not model.config.rope and cache.position >= model.wpe.weight.shape[0])):
             return model(token, cache=cache, last_only=True)[0]
         call = self.prepare(token, cache)

@@ -235,7 +235,8 @@ static void norm(const float *x, int64_t B, int64_t C, const void *w, const void
         mean /= C;
         for (int64_t i = 0; i < C; i++) var += (xs[i] - mean) * (xs[i] - mean);
         float inv = 1.0f / sqrtf(var / C + 1e-5f);
-        for (int64_t i = 0; i < C; i++) h[s * C + i] = (xs[i] - mean) * inv * get(w, i, dt) + get(b, i, dt);
+        for (int64_t i = 0; i < C; i++)  /* a norm without weight or bias (NULL) has 1 and 0 there */
+            h[s * C + i] = (xs[i] - mean) * inv * (w ? get(w, i, dt) : 1.0f) + (b ? get(b, i, dt) : 0.0f);
     }
 }
 

@@ -210,6 +210,24 @@ def test_what_it_does_not_cover_goes_to_the_models_own_step():
         fd.FastDecode(learned)(torch.tensor([[1]]), cache)
 
 
+def test_a_norm_without_bias_and_a_cache_laid_out_otherwise():
+    """A LayerNorm whose bias was taken away reads as zeros in C; a cache whose rows are not contiguous (the
+    same shape, strided otherwise) goes to the model's own step, which reads any layout."""
+    model = tiny_model(rope=True)
+    for block in model.blocks:
+        block.ln_1.bias = None
+    fast = fd.FastDecode(model)
+    caches = [KVCache(model.config, 1) for _ in range(4)]
+    for cache in caches[2:]:
+        cache.k = cache.k.transpose(3, 4).contiguous().transpose(3, 4)
+        cache.v = cache.v.transpose(3, 4).contiguous().transpose(3, 4)
+    for cache in caches:
+        model(torch.tensor([[1, 2]]), cache=cache)
+    token = torch.tensor([[3]])
+    torch.testing.assert_close(fast(token, caches[1]), model.decode(token, caches[0]), atol=FLOAT32_ATOL, rtol=0)
+    assert fast(token, caches[3]).equal(model.decode(token, caches[2]))  # the model's own step, exactly
+
+
 def test_a_later_model_to_is_seen():
     """step_weights are the model's own parameters: made on a float32 model, after model.to(bf16) the C step
     reads bf16 weights (the table of their addresses is made again)."""
