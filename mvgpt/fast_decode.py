@@ -166,8 +166,9 @@ class FastDecode:
     """GPT.decode in C: `fast(token, cache)` -> logits (B, 1, vocab), the cache moved on by one.
 
     Steps it does not cover go to the model's own forward: more than one token, a model `compilable`
-    refuses, a cache of another dtype than the weights or not laid out as KVCache lays it, a learned
-    position past the table (the model says why). Builds mvgpt/one_token.c on creation (once per
+    refuses (or one moved since to another device or dtype), a cache not of the weights' dtype or not
+    laid out as KVCache lays it for these tokens, a learned position past the table (the model says
+    why, or does it). Builds mvgpt/one_token.c on creation (once per
     process), and `warmup_s` says how long that took. Not an nn.Module: set on a model as
     `model.decode`, it adds nothing to its state_dict.
     """
@@ -179,18 +180,19 @@ class FastDecode:
         self.lib = library() if self.why_not is None else None
         self.warmup_s = time.perf_counter() - t0
         self.ends = (model.wte.weight, model.blocks[-1].mlp.proj.weight)  # model.to() moves these with the rest
-        self.table: tuple = (None, None)  # (where they were, the weights' addresses for C)
+        self.table: tuple = (None, (), None)  # where the ends were; the weights (aliases); their addresses
         self.scratch = threading.local()  # each thread its own: serve.py's requests run on threads
 
     def pointers(self) -> ctypes.Array:
-        """The weights' addresses, in one_token.c's order; made again when model.to() moved them."""
-        first, last = self.ends
-        key = (first.data_ptr(), first.dtype, last.data_ptr())
-        if self.table[0] != key:
-            tensors = flat_weights(self.model)
-            assert all(t is None or (t.is_contiguous() and t.dtype == first.dtype) for t in tensors)
-            self.table = (key, (ctypes.c_void_p * len(tensors))(*map(address, tensors)))
-        return self.table[1]
+        """The weights' addresses, in one_token.c's order, made again when model.to() moved them. The table
+        holds aliases of the weights, so that C never reads memory freed under it: a weight whose storage
+        was replaced on its own (not by model.to) is read as it was; make a new FastDecode then."""
+        where = tuple(t.data_ptr() for t in self.ends)
+        if self.table[0] != where:
+            aliases = tuple(t if t is None else t.detach() for t in flat_weights(self.model))
+            assert all(t is None or (t.is_contiguous() and t.dtype == aliases[0].dtype) for t in aliases)
+            self.table = (where, aliases, (ctypes.c_void_p * len(aliases))(*map(address, aliases)))
+        return self.table[2]
 
     def floats(self, n: int) -> torch.Tensor:
         """This thread's scratch of at least n floats, kept from call to call."""
@@ -201,10 +203,14 @@ class FastDecode:
 
     @torch.no_grad()
     def __call__(self, token: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        model, weight = self.model, self.model.wte.weight
-        if (self.why_not is not None or token.shape[1] != 1 or cache.k.dtype != weight.dtype
-                or not (cache.k.is_contiguous() and cache.v.is_contiguous())
-                or (not model.config.rope and cache.position >= model.wpe.weight.shape[0])):
+        model, config, weight = self.model, self.model.config, self.model.wte.weight
+        k, v = cache.k, cache.v
+        laid_out = (config.n_layer, token.shape[0], config.n_head, k.shape[3], config.head_size)  # as KVCache lays it
+        if (self.why_not is not None or token.shape[1] != 1 or weight.dtype not in DTYPES
+                or not weight.device.type == token.device.type == k.device.type == "cpu"
+                or k.dtype != weight.dtype or v.dtype != k.dtype or k.shape != laid_out or v.shape != laid_out
+                or not (k.is_contiguous() and v.is_contiguous())
+                or (not config.rope and cache.position >= model.wpe.weight.shape[0])):
             return model(token, cache=cache, last_only=True)[0]
         call = self.prepare(token, cache)
         if bad := call.run():

@@ -9,8 +9,9 @@
    only where the next stage reads what all of them wrote.
 
    Numbers are added in float32. With bf16 weights each value is rounded to bf16 where the eager
-   bf16 model stores one (the products' outputs, the residual stream, the queries and keys turned,
-   the attention's weights and output), so the two agree to bf16's rounding.
+   bf16 model stores one (the norms' and products' outputs, GELU's, the residual stream, the queries
+   and keys turned, the attention's output; its weights too, after the division where PyTorch
+   rounds before it), so the two agree to bf16's rounding.
 
    A product reads 4 rows at a time, each into a 16-wide accumulator of its own (four independent
    sums keep the multiply-add units busy), sharing the loads of the input. bf16 weights are widened
@@ -151,7 +152,7 @@ static void product(const float *x, int64_t B, const void *w, const void *b, int
                 float *f = (float *)y;
                 if (mode == STORE) f[at] = v;
                 else if (mode == ADD) f[at] = rnd(f[at] + v, dt);
-                else if (mode == GELU) f[at] = 0.5f * v * (1.0f + erff(v * 0.70710678118654752f)); /* exact GELU */
+                else if (mode == GELU) f[at] = rnd(0.5f * v * (1.0f + erff(v * 0.70710678118654752f)), dt); /* exact */
                 else put(y, at, v, dt);
             }
         }
@@ -225,7 +226,7 @@ static float exps(float *p, int64_t n, float top) {
 /* ---------------------------------------------------------------------------------------------
    The step */
 
-/* LayerNorm of each sequence's x (C) into h, in float32, with nn.LayerNorm's eps */
+/* LayerNorm of each sequence's x (C) into h, with nn.LayerNorm's eps: in float32, rounded as the weights */
 static void norm(const float *x, int64_t B, int64_t C, const void *w, const void *b, int dt, float *h) {
     #pragma omp for schedule(static)
     for (int64_t s = 0; s < B; s++) {
@@ -236,7 +237,7 @@ static void norm(const float *x, int64_t B, int64_t C, const void *w, const void
         for (int64_t i = 0; i < C; i++) var += (xs[i] - mean) * (xs[i] - mean);
         float inv = 1.0f / sqrtf(var / C + 1e-5f);
         for (int64_t i = 0; i < C; i++)  /* a norm without weight or bias (NULL) has 1 and 0 there */
-            h[s * C + i] = (xs[i] - mean) * inv * (w ? get(w, i, dt) : 1.0f) + (b ? get(b, i, dt) : 0.0f);
+            h[s * C + i] = rnd((xs[i] - mean) * inv * (w ? get(w, i, dt) : 1.0f) + (b ? get(b, i, dt) : 0.0f), dt);
     }
 }
 

@@ -228,6 +228,24 @@ def test_a_norm_without_bias_and_a_cache_laid_out_otherwise():
     assert fast(token, caches[3]).equal(model.decode(token, caches[2]))  # the model's own step, exactly
 
 
+def test_what_the_model_became_since_or_a_cache_of_another_batch_goes_to_the_models_own_step():
+    """Never C on memory it cannot read as it expects: a model moved to float16 or to another device after
+    the step was made, tokens for more sequences than the cache holds. The model's own step answers."""
+    model = tiny_model(rope=True)
+    fast = fd.FastDecode(model)
+    one = KVCache(model.config, 1)
+    model(torch.tensor([[1]]), cache=one)
+    with pytest.raises(RuntimeError, match="must match"):  # 2 tokens, a cache of 1 sequence: as the model says
+        fast(torch.tensor([[2], [3]]), one)
+    model.half()
+    half = KVCache(model.config, 1, dtype=torch.float16)
+    model(torch.tensor([[1]]), cache=half)
+    assert fast(torch.tensor([[2]]), half).dtype == torch.float16
+    model.to("meta")
+    meta = KVCache(model.config, 1, device="meta", dtype=torch.float16)
+    assert fast(torch.tensor([[2]], device="meta"), meta).device.type == "meta"
+
+
 def test_a_later_model_to_is_seen():
     """step_weights are the model's own parameters: made on a float32 model, after model.to(bf16) the C step
     reads bf16 weights (the table of their addresses is made again)."""
