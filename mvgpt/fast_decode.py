@@ -260,9 +260,9 @@ class StepCall(NamedTuple):
 
 # Measured side by side by dev/decode_vs_llama.py on an AMD EPYC (AVX512-BF16, no AMX), 2 threads
 # (results/amd-epyc/decode.json): (eager ms/token, C step ms/token, seconds to build it). The build took
-# 0.26 s there, once per process. So the C step pays after about 80 tokens in float32 and 100 in bf16:
+# 0.26 s there, once per process. So the C step pays after about 90 tokens in float32 and 130 in bf16:
 # for any story sample.py writes but the shortest, and for every read context.py makes.
-MEASURED = {"float32": (4.52, 1.06, 0.26), "bfloat16": (3.22, 0.53, 0.26)}
+MEASURED = {"float32": (4.30, 1.38, 0.26), "bfloat16": (2.59, 0.54, 0.26)}
 
 
 def break_even_tokens(eager_ms: float, fast_ms: float, warmup_s: float) -> float | None:
