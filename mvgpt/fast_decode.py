@@ -73,18 +73,20 @@ def library() -> ctypes.CDLL:
     cc = compiler()
     if cc is None:
         raise RuntimeError("no C compiler: install one (cc, gcc or clang), or set CC")
-    out = Path(tempfile.mkdtemp(prefix="mvgpt-")) / "one_token.so"
-    for flags in FLAG_SETS:
-        cmd = [cc, "-O2", *flags, "-ffp-contract=fast", "-shared", "-fPIC", str(SOURCE), "-o", str(out), "-lm"]
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode == 0:
-            break
-    else:
-        last_words = (done.stderr.strip().splitlines() or ["no message"])[-1]
-        raise RuntimeError(f"{Path(cc).name} could not build {SOURCE.name}: {last_words}")
-    lib = ctypes.CDLL(str(out))
-    out.unlink()  # loaded: the file is no longer needed (nothing is left behind in the temporary folder)
-    out.parent.rmdir()
+    folder = Path(tempfile.mkdtemp(prefix="mvgpt-"))
+    out = folder / "one_token.so"
+    try:
+        for flags in FLAG_SETS:
+            cmd = [cc, "-O2", *flags, "-ffp-contract=fast", "-shared", "-fPIC", str(SOURCE), "-o", str(out), "-lm"]
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode == 0:
+                break
+        else:
+            last_words = (done.stderr.strip().splitlines() or ["no message"])[-1]
+            raise RuntimeError(f"{Path(cc).name} could not build {SOURCE.name}: {last_words}")
+        lib = ctypes.CDLL(str(out))
+    finally:  # loaded, or not built: the file is no longer needed, and nothing is left behind
+        shutil.rmtree(folder, ignore_errors=True)
     P, I64, INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int  # noqa: N806
     lib.one_token.argtypes = [P, INT, I64, I64, I64, I64, P, I64, P, P, INT, P, P, P, I64, I64, I64, I64, P, P, INT]
     lib.one_token.restype = INT
@@ -179,7 +181,8 @@ class FastDecode:
         self.why_not = compilable(model)  # builds the C step, the first time
         self.lib = library() if self.why_not is None else None
         self.warmup_s = time.perf_counter() - t0
-        self.ends = (model.wte.weight, model.blocks[-1].mlp.proj.weight)  # model.to() moves these with the rest
+        covered = self.why_not is None  # model.to() moves these two with the rest:
+        self.ends = (model.wte.weight, model.blocks[-1].mlp.proj.weight) if covered else ()
         self.table: tuple = (None, (), None)  # where the ends were; the weights (aliases); their addresses
         self.scratch = threading.local()  # each thread its own: serve.py's requests run on threads
 
@@ -298,7 +301,10 @@ def use_fast_decode(model: GPT, tokens: int) -> FastDecode | None:
     """Put the C step in place of model.decode where it pays for `tokens` one-token steps (and the model
     is one it covers); builds it now. Returns it, or None where the model keeps its own."""
     weight = model.wte.weight
-    if not fast_decode_pays(weight.device, weight.dtype, tokens) or compilable(model) is not None:
+    if not fast_decode_pays(weight.device, weight.dtype, tokens):
         return None
-    model.decode = FastDecode(model)
-    return model.decode
+    fast = FastDecode(model)  # builds the C step here, the first time: warmup_s says how long it took
+    if fast.why_not is not None:
+        return None
+    model.decode = fast
+    return fast

@@ -75,9 +75,11 @@ def test_a_compiler_that_fails_leaves_the_eager_step_and_says_why_in_one_line(mo
     monkeypatch.setattr(fd, "fast_decode_pays", lambda device, dtype, tokens: True)
     fd.library.cache_clear(), fd.build_error.cache_clear()
     model = tiny_model(rope=True)
+    before = set(Path(tempfile.gettempdir()).glob("mvgpt-*"))
     try:
         with pytest.raises(RuntimeError, match=r"^cc could not build one_token.c: cc: fatal error: no space left"):
             fd.library()
+        assert set(Path(tempfile.gettempdir()).glob("mvgpt-*")) == before  # nothing left behind either
         said = "cc could not build one_token.c: cc: fatal error: no space left on device"
         assert fd.eager_because(model, 10**6) == said
         assert fd.use_fast_decode(model, 10**6) is None and "decode" not in vars(model)
