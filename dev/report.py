@@ -797,7 +797,8 @@ def decode(r: dict) -> dict:
                  f"(so each attends to {d['held'] + 1}), {d['rounds']} rounds of {d['steps']} steps per engine in "
                  f"turn, the median; {llama}. The floor: the bytes a step reads at "
                  f"{max(v for k, v in d['ceilings'].items() if k.startswith('read_bandwidth')) / 1e9:.1f} GB/s "
-                 "(the re-run window's: its flops at the matrix-product peak of its dtype and threads).")
+                 "(the re-run window's: its flops at the matrix-product peak of its dtype and threads). "
+                 "× llama.cpp: against the faster of llama.cpp's two rows at the same bytes per weight.")
         text += f" Note: {d['note']}\n\n" if d.get("note") else "\n\n"
         rows = []
         for x in d["rows"]:
@@ -813,7 +814,7 @@ def decode(r: dict) -> dict:
             parts = list(dict.fromkeys(p for prof in profiles.values() for p in prof))
             text += (f"Our steps' time by part, {threads} thread{'s' if threads != '1' else ''}, ms per token "
                      "(the profiler's self time of each part's operations; outside them: Python, dispatch and "
-                     "the profiler's own):\n\n")
+                     "the profiler's own, and for the C step the C call itself, which it cannot see inside):\n\n")
             cells = [[p, *(f"{prof[p]:.3f}" if p in prof else "–" for prof in profiles.values())] for p in parts]
             text += table(["part", *profiles], cells) + "\n"
     return {"decode": text}

@@ -729,6 +729,7 @@ def test_decode_table_sets_each_step_beside_llama_cpp_and_its_floor():
     assert rows_of(table)[-2:] == [["matrix products", "1.900"], ["attention", "0.100"]]
     assert table.startswith("From `results/amd-epyc/decode.json` (made by `python dev/decode_vs_llama.py`)")
     assert "at 40.0 GB/s" in table and "Note: a busy host" in table and "llama-cpp-python 0.3.36" in table
+    assert "× llama.cpp: against the faster of llama.cpp's two rows at the same bytes per weight" in table
     assert "Not measured yet" in report.decode({})["decode"]
 
 
