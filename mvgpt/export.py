@@ -38,6 +38,22 @@ if TYPE_CHECKING:  # the export extra: imported only where used, so mvgpt works 
     import tokenizers
 
 # Our context-extension methods -> transformers' rope_type, for those that compute the same angles.
+# The modules of the export extra (pyproject.toml) each format writes with: scripts check them first, so a
+# missing one is one line naming the install, not a traceback halfway through an export.
+NEEDS = {"hf": ("safetensors", "tokenizers"), "gguf": ("gguf",), "check": ("transformers", "safetensors", "gguf")}
+
+
+def missing_extra(what: str) -> str | None:
+    """One line naming the export extra's modules that `what` (hf, gguf, check) needs and this Python
+    lacks, and the install that brings them; None when all are there."""
+    import importlib.util
+
+    lacking = [name for name in NEEDS[what] if importlib.util.find_spec(name) is None]
+    if not lacking:
+        return None
+    return f"{' and '.join(lacking)} {'is' if len(lacking) == 1 else 'are'} not installed: pip install -e '.[export]'"
+
+
 HF_ROPE_TYPES = {"none": "default", "linear": "linear", "dynamic-ntk": "dynamic", "yarn": "yarn"}
 LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, which our blocks use
 

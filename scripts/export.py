@@ -31,8 +31,8 @@ from pathlib import Path
 
 from mvgpt.checkpoint import checkpoint_arg, checkpoint_path, load_model
 from mvgpt.data import DATA_DIR, data_tokenizer_hash, prepared_data
-from mvgpt.errors import ArgumentParser, positive_float, positive_int, run_main
-from mvgpt.export import export
+from mvgpt.errors import ArgumentParser, UserError, positive_float, positive_int, run_main
+from mvgpt.export import export, missing_extra
 from mvgpt.gguf import export_gguf
 from mvgpt.rope_scaling import SCALING_METHODS, RopeScaling
 from mvgpt.runfolder import claim, claim_file
@@ -72,6 +72,8 @@ def main(argv: list[str] | None = None) -> Path:
         # mvGPT's other methods ignore the factor; exporting as if it mattered would mislead
         raise SystemExit(f"error: --rope-factor is for linear and dynamic-ntk, not {args.rope_scaling}")
 
+    if lacking := missing_extra(args.format):
+        raise UserError(f"an export needs the export extra: {lacking}")
     tokenizer = Tokenizer.load(Path(args.data_dir) / "tokenizer.json")
     model, state = load_model(args.checkpoint, "cpu", data_tokenizer_hash(args.data_dir) or tokenizer.hash)
     if args.rope_scaling is not None:

@@ -43,6 +43,7 @@ from mvgpt.checkpoint import checkpoint_arg, checkpoint_path, load_model
 from mvgpt.data import DATA_DIR, data_tokenizer_hash, load_tokens, prepared_data
 from mvgpt.errors import (
     ArgumentParser,
+    UserError,
     at_least,
     positive_float,
     positive_int,
@@ -50,7 +51,7 @@ from mvgpt.errors import (
     writable_file,
     writable_folder,
 )
-from mvgpt.export import export
+from mvgpt.export import export, missing_extra
 from mvgpt.gguf import (
     export_gguf,
     ggml_activation,
@@ -309,6 +310,8 @@ def main(argv: list[str] | None = None) -> list[dict] | dict:
     args = p.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything is local: never reach for the Hub
     claim_outputs(args)
+    if lacking := missing_extra("gguf" if args.gguf else "check"):
+        raise UserError(f"the check needs the export extra: {lacking}")
 
     tokenizer = Tokenizer.load(Path(args.data_dir) / "tokenizer.json")
     tok_hash = data_tokenizer_hash(args.data_dir) or tokenizer.hash

@@ -4,6 +4,7 @@ import re
 import subprocess
 import sys
 
+import pytest
 import torch
 import torch.nn as nn
 from conftest import ROOT, tiny_config, tiny_model
@@ -44,6 +45,7 @@ def run(*args: str) -> subprocess.CompletedProcess:
     return done
 
 
+@pytest.mark.extra("docs")  # dev/report.py draws the figures with matplotlib
 def test_bench_runs_end_to_end_and_writes_its_figures(tmp_path):
     out = tmp_path / "bench.json"
     printed = run(str(ROOT / "scripts" / "bench.py"), *TINY, "--quick", "--json", str(out)).stdout

@@ -428,3 +428,20 @@ def test_main_stopped_midway_keeps_its_data_and_checkpoint(world, sig):
     assert read_meta(out / "data") is not None and read_checkpoint(out / "checkpoints" / "pretrain")["step"] >= 1
     if sig == signal.SIGINT:
         assert not list(out.rglob(".*tmp*")) and not (out / "checkpoints" / "pretrain" / "lock").exists()
+
+
+@pytest.mark.parametrize("fmt, lacking", [("hf", "safetensors and tokenizers are"), ("gguf", "gguf is")])
+def test_an_export_without_the_export_extra_is_one_line_and_writes_nothing(data_dir, tmp_path, monkeypatch, fmt,
+                                                                           lacking):
+    import export
+
+    save_checkpoint(tmp_path / "run", GPT(tiny_config(vocab_size=300)), step=1,
+                    tokenizer_hash=data_tokenizer_hash(data_dir))
+    for module in lacking.removesuffix(" is").removesuffix(" are").split(" and "):
+        monkeypatch.setitem(sys.modules, module, None)  # as if the extra were not installed: find_spec says None
+    out = tmp_path / ("out.gguf" if fmt == "gguf" else "out")
+    with pytest.raises(SystemExit) as stop:
+        export.main([str(tmp_path / "run"), str(out), "--format", fmt, "--data-dir", str(data_dir)])
+    assert stop.value.code == f"error: an export needs the export extra: {lacking} not installed: " \
+                              "pip install -e '.[export]'"
+    assert not out.exists()

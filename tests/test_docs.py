@@ -6,7 +6,6 @@ link leading to a file of the site."""
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 import sys
 from pathlib import Path
@@ -18,12 +17,8 @@ sys.path.insert(0, str(ROOT / "dev"))
 import check_docs  # noqa: E402
 import readme_stats  # noqa: E402
 
-needs_latex2mathml = pytest.mark.skipif(importlib.util.find_spec("latex2mathml") is None,
-                                        reason="latex2mathml is in the docs extra (pip install -e '.[docs]')")
-needs_chromium = pytest.mark.skipif(check_docs.find_chromium() is None,
-                                    reason="no chromium on PATH (apt-get install -y chromium; .ci/run installs it)")
-needs_mkdocs = pytest.mark.skipif(importlib.util.find_spec("material") is None,
-                                  reason="mkdocs-material is in the docs extra (pip install -e '.[docs]')")
+needs_docs = pytest.mark.extra("docs")  # mkdocs, its theme, latex2mathml (tests/conftest.py)
+needs_chromium = pytest.mark.browser  # skipped without Debian's chromium (tests/conftest.py)
 
 
 class Page:
@@ -31,7 +26,7 @@ class Page:
         src_path = "page.md"
 
 
-@needs_latex2mathml
+@needs_docs
 def test_the_hook_turns_each_formula_into_mathml_and_stops_on_latex_it_cannot_typeset():
     import mkdocs_math
     from mkdocs.exceptions import PluginError
@@ -65,8 +60,7 @@ def test_the_browser_check_finds_a_wide_table_a_missing_figure_and_raw_latex(tmp
 
 
 @needs_chromium
-@needs_mkdocs
-@needs_latex2mathml
+@needs_docs
 def test_every_page_of_the_site_passes_in_headless_chromium(capsys):
     assert check_docs.main([]) == 0, capsys.readouterr().out
     out = capsys.readouterr().out
@@ -75,7 +69,7 @@ def test_every_page_of_the_site_passes_in_headless_chromium(capsys):
     assert out.count("its links lead to files of the site") == len(check_docs.pages(Path("site")))
 
 
-@needs_mkdocs
+@needs_docs
 def test_an_excerpt_is_the_named_definition_with_its_comment_and_the_files_own_line_numbers(tmp_path):
     import mkdocs_source
     from mkdocs.exceptions import PluginError
@@ -108,6 +102,7 @@ def test_an_excerpt_is_the_named_definition_with_its_comment_and_the_files_own_l
     assert mkdocs_source.fence("a ``` b") == "````"  # a code page's fence outlasts the file's own backticks
 
 
+@needs_docs  # dev/mkdocs_source.py reads mkdocs' own errors
 def test_the_text_check_finds_commit_hashes_local_paths_and_stale_excerpts():
     known = {"0123abc4567def0123abc4567def0123abc4567d"}
     page = ("at commit 45bf864 the run\n"                       # 'commit' and hex: a hash, known or not

@@ -14,7 +14,8 @@ import torch
 from conftest import tiny_model
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # nothing here may reach the Hub (read when huggingface_hub is imported)
-pytest.importorskip("transformers")
+pytestmark = pytest.mark.extra("export")  # transformers, safetensors (tests/conftest.py)
+pytest.importorskip("transformers", reason="needs the export extra: pip install -e '.[export]'")
 
 import export as export_script  # noqa: E402  (scripts/export.py, on the path from conftest)
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402

@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 from conftest import tiny_model
 
-gguf = pytest.importorskip("gguf")
+pytestmark = pytest.mark.extra("export")  # gguf (tests/conftest.py)
+gguf = pytest.importorskip("gguf", reason="needs the export extra: pip install -e '.[export]'")
 
 import export as export_script  # noqa: E402  (scripts/export.py, on the path from conftest)
 from gguf import GGUFReader  # noqa: E402

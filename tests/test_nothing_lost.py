@@ -65,6 +65,7 @@ class Harm:
     grows: tuple[str, ...] = ()  # files that may grow, their old bytes kept in front
     may_change: tuple[str, ...] = ()  # files a run that goes on replaces (it trained on)
     new_under: tuple[str, ...] = ("runs/",)  # where new files may appear (TensorBoard's events)
+    extra: str = ""  # the optional extra the case needs (tests/conftest.py), if any
 
     @property
     def command(self) -> str:
@@ -141,9 +142,9 @@ HARMS: list[Harm] = [
     Harm("finetune", f"{BASE} --merge merged", "the disk is full: merged/ckpt.pt not saved", FULL,
          disk_full=".ckpt.pt.tmp*"),
     Harm("export", "checkpoints/pretrain exports/hf --overwrite", "the disk is full: the export to exports/hf was not "
-         "written (what it held before is kept)", FULL, disk_full="model.safetensors"),
+         "written (what it held before is kept)", FULL, disk_full="model.safetensors", extra="export"),
     Harm("export", "checkpoints/pretrain-rope exports/x.gguf --format gguf", "the disk is full: exports/x.gguf not "
-         "written", FULL, disk_full=".x.gguf.tmp*"),
+         "written", FULL, disk_full=".x.gguf.tmp*", extra="export"),
     Harm("prepare", "--source stories2 --force", "the disk is full: data was not prepared (the data there before, "
          "if any, is as it was)", FULL, disk_full=".train.bin.tmp*"),
     # devices, seeds and crafted files
@@ -310,8 +311,9 @@ def test_every_case_is_a_different_command():
     assert len({(c.command, c.disk_full) for c in HARMS}) == len(HARMS)
 
 
-@pytest.mark.parametrize("i", range(len(HARMS)), ids=[c.command.removeprefix("python scripts/")
-                                                       + (" (disk full)" if c.disk_full else "") for c in HARMS])
+@pytest.mark.parametrize("i", [pytest.param(i, marks=[pytest.mark.extra(c.extra)] if c.extra else [],
+                                            id=c.command.removeprefix("python scripts/")
+                                            + (" (disk full)" if c.disk_full else "")) for i, c in enumerate(HARMS)])
 def test_one_line_the_exit_code_and_nothing_lost(outcomes, i):
     case, got = HARMS[i], outcomes[i]
     assert "Traceback" not in got["stderr"], got["stderr"]
@@ -378,6 +380,7 @@ and sinks with dynamic NTK in one cache (as exact as dynamic NTK's own cache).
 """
 
 
+@pytest.mark.extra("export")  # the page shows every case, the export's too
 def test_the_docs_page_is_up_to_date(outcomes):
     written = (ROOT / "docs" / "errors.md").read_text(encoding="utf-8")
     assert HARM_MARK in written and HARM_MARK + written.split(HARM_MARK)[1] == harm_page(outcomes), \
@@ -547,6 +550,7 @@ def test_sigterm_to_main_stops_its_step_waits_and_says_so_once(corpus_dir, tmp_p
     assert read_checkpoint(out / "checkpoints" / "pretrain")["step"] >= 1
 
 
+@pytest.mark.extra("export")
 def test_a_checkpoint_saved_before_its_first_evaluation_exports(data_dir, tmp_path):
     import export
 

@@ -4,7 +4,6 @@ exactly what it makes of the committed results/."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import re
@@ -20,8 +19,7 @@ sys.path.insert(0, str(ROOT / "dev"))
 import report  # noqa: E402
 
 PNG = b"\x89PNG\r\n\x1a\n"
-needs_matplotlib = pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None,
-                                      reason="matplotlib is in the docs extra (pip install -e '.[docs]')")
+needs_matplotlib = pytest.mark.extra("docs")  # matplotlib draws the figures (tests/conftest.py)
 MACHINE = "Made-up CPU, 2 threads, torch x, cpu"
 
 
