@@ -21,9 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from mvgpt.bench import machine
-from mvgpt.cpu_attention import batched_causal_attention
-from mvgpt.io import write_json
+from mvgpt.device import machine
+from mvgpt.kit.io import write_json
+from mvgpt.perf.cpu_attention import batched_causal_attention
 
 
 def sdpa(q, k, v):  # PyTorch picks: the flash kernel on a CPU
@@ -53,8 +53,8 @@ KERNELS = {
     "matmul-softmax-matmul, bf16, softmax float32": (plain, torch.bfloat16),
     "matmul-softmax-matmul, bf16, softmax bf16": (lambda q, k, v: plain(q, k, v, torch.bfloat16), torch.bfloat16),
     "sdpa (flash), float32": (sdpa, torch.float32),
-    "batched products (mvgpt/cpu_attention.py), bf16": (batched_causal_attention, torch.bfloat16),
-    "batched products (mvgpt/cpu_attention.py), float32": (batched_causal_attention, torch.float32),
+    "batched products (mvgpt/perf/cpu_attention.py), bf16": (batched_causal_attention, torch.bfloat16),
+    "batched products (mvgpt/perf/cpu_attention.py), float32": (batched_causal_attention, torch.float32),
 }
 
 

@@ -25,11 +25,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 from bench import make_model, random_tokens, train_step  # noqa: E402
 
-from mvgpt.bench import machine  # noqa: E402
-from mvgpt.cpu_attention import _BatchedCausalAttention  # noqa: E402
-from mvgpt.io import write_json  # noqa: E402
+from mvgpt.device import machine  # noqa: E402
+from mvgpt.kit.io import write_json  # noqa: E402
 from mvgpt.model import CausalSelfAttention, GPTConfig  # noqa: E402
-from mvgpt.perf import matmul_flops, time_it, tune_malloc  # noqa: E402
+from mvgpt.perf.cpu_attention import _BatchedCausalAttention  # noqa: E402
+from mvgpt.perf.measure import matmul_flops, time_it, tune_malloc  # noqa: E402
 
 
 class _MaskBuiltInTheStep(_BatchedCausalAttention):

@@ -1,6 +1,6 @@
 """The C one-token step against its call alone, and its parts against their floors, without a profiler.
 
-mvgpt/fast_decode.py's FastDecode runs Python around its C call at every token: the angles of the
+mvgpt/perf/fast_decode.py's FastDecode runs Python around its C call at every token: the angles of the
 position, room in the cache (`reserve`), the arguments' addresses, the logits' tensor, `advance`.
 Here the whole step (`fast(token, cache)`, the cache sliding to keep 255 held, as generate does past
 the window) and the C call alone (the same call's arguments, run again and again) take turns,
@@ -32,13 +32,12 @@ from collections.abc import Callable
 
 import torch
 
-from mvgpt.bench import machine
-from mvgpt.errors import ArgumentParser, at_least, run_main, writable_file
-from mvgpt.fast_decode import DTYPES, FastDecode, address, step_weights
-from mvgpt.io import write_json
+from mvgpt.device import cpu_bf16_native, dtype_name, machine
+from mvgpt.kit.errors import ArgumentParser, at_least, run_main, writable_file
+from mvgpt.kit.io import write_json
 from mvgpt.model import GPT, GPTConfig, KVCache
-from mvgpt.perf import memory_bandwidth
-from mvgpt.precision import cpu_bf16_native, dtype_name
+from mvgpt.perf.fast_decode import DTYPES, FastDecode, address, step_weights
+from mvgpt.perf.measure import memory_bandwidth
 
 
 def ms_per_call(fn: Callable[[], object], calls: int, other: torch.Tensor) -> float:

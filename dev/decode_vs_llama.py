@@ -1,7 +1,7 @@
 """Writing a token: mvGPT's sliding-cache step beside llama.cpp's, same weights, same threads, batch 1.
 
 The model (the default rope shape with random weights, seed 0, or a checkpoint) goes to llama.cpp
-through our own GGUF export (mvgpt/gguf.py): float32, and float16 for the two-byte row. Every engine
+through our own GGUF export (mvgpt/export/gguf.py): float32, and float16 for the two-byte row. Every engine
 reads a prompt of 255 tokens, then writes one token at a time; before each, the oldest is dropped so
 that 255 stay held (our KVCache.slide, llama.cpp's llama_memory_seq_rm), so every step attends to 256,
 as generate does past the window. The engines take turns: each writes --steps tokens, --rounds
@@ -9,7 +9,7 @@ rounds, and the figure is each one's median ms/token over the rounds (a busy mac
 
 - mvGPT eager: GPT.decode, the model's own forward (float32 weights; bf16 weights where the CPU
   multiplies bf16 natively);
-- mvGPT C step: mvgpt.fast_decode.FastDecode (mvgpt/one_token.c), the time to build it beside it;
+- mvGPT C step: mvgpt.fast_decode.FastDecode (mvgpt/perf/one_token.c), the time to build it beside it;
 - llama.cpp: llama-cpp-python's low-level API, one llama_decode of a one-token batch per step, the
   KV cache in the weights' type (f32 with f32, f16 with f16), flash attention off and on. What
   Python adds to each of its steps (the batch's fields, the ctypes calls) is timed on its own.
@@ -50,14 +50,14 @@ from bench import (  # noqa: E402
     with_threads,
 )
 
-from mvgpt.bench import decode_bytes_per_token, forward_flops, machine  # noqa: E402
 from mvgpt.checkpoint import load_model  # noqa: E402
-from mvgpt.fast_decode import FastDecode  # noqa: E402
-from mvgpt.gguf import export_gguf, llama_cpp_missing  # noqa: E402
-from mvgpt.io import write_json  # noqa: E402
+from mvgpt.device import cpu_bf16_native, dtype_name, machine  # noqa: E402
+from mvgpt.export.gguf import export_gguf, llama_cpp_missing  # noqa: E402
+from mvgpt.kit.io import write_json  # noqa: E402
 from mvgpt.model import GPT, GPTConfig, KVCache  # noqa: E402
-from mvgpt.perf import matmul_flops, profile  # noqa: E402
-from mvgpt.precision import cpu_bf16_native, dtype_name  # noqa: E402
+from mvgpt.perf.fast_decode import FastDecode  # noqa: E402
+from mvgpt.perf.flops import decode_bytes_per_token, forward_flops  # noqa: E402
+from mvgpt.perf.measure import matmul_flops, profile  # noqa: E402
 from mvgpt.tokenizer import Tokenizer  # noqa: E402
 
 GOALS = {"over_llama_cpp": 1.0, "over_floor": 1.5}  # issue 29: no slower than llama.cpp, within 1.5x the floor

@@ -94,7 +94,7 @@ from pathlib import Path
 import torch
 
 from mvgpt.perf import compile_pays
-from mvgpt.precision import dtype_name, resolve_dtype
+from mvgpt.device import dtype_name, resolve_dtype
 
 out = Path(sys.argv[1])
 read = lambda name: json.loads((out / name).read_text())  # noqa: E731

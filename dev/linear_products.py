@@ -22,9 +22,9 @@ from collections.abc import Callable
 
 import torch
 
-from mvgpt.bench import machine
-from mvgpt.io import write_json
-from mvgpt.perf import tune_malloc
+from mvgpt.device import machine
+from mvgpt.kit.io import write_json
+from mvgpt.perf.measure import tune_malloc
 
 
 def layers(width: int, vocab: int, n_layer: int) -> list[tuple[str, int, int, int]]:

@@ -47,14 +47,13 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import context  # noqa: E402
 import serve  # noqa: E402
 
-from mvgpt.bench import machine  # noqa: E402
 from mvgpt.checkpoint import checkpoint_arg, load_model  # noqa: E402
 from mvgpt.data import DATA_DIR, data_tokenizer_hash, load_tokens, prepared_data, windows  # noqa: E402
-from mvgpt.device import pick_device  # noqa: E402
-from mvgpt.errors import ArgumentParser, UserError, at_least, run_main, writable_file  # noqa: E402
-from mvgpt.fast_decode import use_fast_decode  # noqa: E402
-from mvgpt.io import write_json  # noqa: E402
-from mvgpt.live import Limits  # noqa: E402
+from mvgpt.device import machine, pick_device  # noqa: E402
+from mvgpt.kit.errors import ArgumentParser, UserError, at_least, run_main, writable_file  # noqa: E402
+from mvgpt.kit.io import write_json  # noqa: E402
+from mvgpt.live.views import Limits  # noqa: E402
+from mvgpt.perf.fast_decode import use_fast_decode  # noqa: E402
 from mvgpt.tokenizer import Tokenizer  # noqa: E402
 
 PAUSE = 0.5  # seconds between runs: a process's OpenMP threads spin for a while after their work

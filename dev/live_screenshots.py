@@ -24,7 +24,7 @@ import serve  # noqa: E402
 
 from mvgpt.checkpoint import checkpoint_arg  # noqa: E402
 from mvgpt.data import DATA_DIR, prepared_data  # noqa: E402
-from mvgpt.errors import ArgumentParser, UserError, at_least, run_main, writable_folder  # noqa: E402
+from mvgpt.kit.errors import ArgumentParser, UserError, at_least, run_main, writable_folder  # noqa: E402
 
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ("mvgpt", "scripts", "dev")  # the folders whose files get a page
 CODE = "code"  # where those pages go in the site
 EXCERPT = re.compile(r'^(?P<indent>[ \t]*)--8<-- "(?P<path>[\w./-]+\.py):(?P<name>[\w.]+)"[ \t]*$', re.M)
-LINK = re.compile(r"\]\((?P<target>[\w./-]+\.py)(?:#[^)\s]*)?\)")
+LINK = re.compile(r"\]\((?P<target>[\w./-]+\.(?:py|c))(?:#[^)\s]*)?\)")
 DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 
 
@@ -70,14 +70,16 @@ def relative(target: str, page_uri: str) -> str:
 
 
 def on_files(files, config, **kwargs):
-    """A page of numbered lines for each source file (kept out of the search index)."""
+    """A page of numbered lines for each source file, Python or C, in every subfolder (kept out of the
+    search index)."""
     for folder in SOURCES:
-        for path in sorted((ROOT / folder).glob("*.py")):
+        for path in sorted(p for suffix in ("*.py", "*.c") for p in (ROOT / folder).rglob(suffix)):
             name = path.relative_to(ROOT).as_posix()
             code = path.read_text(encoding="utf-8")
             f = fence(code)
+            language = "c" if path.suffix == ".c" else "python"
             content = (f"---\nsearch:\n  exclude: true\n---\n\n# {name}\n\n"
-                       f'{f}python linenums="1"\n{code.rstrip()}\n{f}\n')
+                       f'{f}{language} linenums="1"\n{code.rstrip()}\n{f}\n')
             files.append(File.generated(config, code_page(name), content=content))
     return files
 

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
 import pretrain
 
-from mvgpt.io import write_json
+from mvgpt.kit.io import write_json
 
 TOLERANCE = 0.03  # nats: the largest held-out loss difference allowed at any evaluation
 

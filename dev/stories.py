@@ -20,12 +20,11 @@ from pathlib import Path
 
 import torch
 
-from mvgpt.bench import machine
 from mvgpt.checkpoint import checkpoint_arg, load_model
 from mvgpt.data import DATA_DIR, data_tokenizer_hash, prepared_data
-from mvgpt.device import pick_device
-from mvgpt.errors import ArgumentParser, non_negative_float, non_negative_int, positive_int, run_main, writable_file
-from mvgpt.io import write_json
+from mvgpt.device import machine, pick_device
+from mvgpt.kit.errors import ArgumentParser, non_negative_float, non_negative_int, positive_int, run_main, writable_file
+from mvgpt.kit.io import write_json
 from mvgpt.tokenizer import Tokenizer
 
 

@@ -11,6 +11,18 @@ line, and the previous checkpoint stays as it was.
 A checkpoint is a zip archive with a checksum (CRC-32) per record: they are checked before it is
 read, so a flipped bit on disk is reported as damage, not loaded as weights. It is always read into
 CPU memory first and moved afterwards, so a device this machine lacks is never blamed on the file.
+
+The models a path holds, for a reading script: run folders, checkpoint files, LoRA adapters on their base.
+
+`python scripts/context.py checkpoints/*` hands over every folder the main job made: two
+pretrained models, a long-context fine-tune and a LoRA adapter, which holds no checkpoint of its
+own. Each path becomes a model to read, or a one-line reason it is skipped:
+- a run folder (or file) with a checkpoint: that model;
+- a LoRA run folder (or adapter file): its base with the adapter applied, named as such. The base is
+  the checkpoint the adapter recorded, or a checkpoint beside the adapter's folder with the same
+  weights (the hash the adapter keeps), so the layout may move as a whole;
+- anything else that exists (a folder of exports, a note): skipped, and said so.
+A path that does not exist at all is an error, as a typo should be.
 """
 
 from __future__ import annotations
@@ -19,23 +31,17 @@ import argparse
 import logging
 import math
 import os
-import pickle
-import zipfile
-from dataclasses import asdict, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import torch
 
-from mvgpt.errors import DISK_FULL, UserError
-from mvgpt.io import atomic_path
+from mvgpt.kit.io import CheckpointError, load_state, write_state
+from mvgpt.lora import adapter_path, check_base, load_adapter, read_adapter, weights_hash
 from mvgpt.model import GPT, GPTConfig
 
 log = logging.getLogger(__name__)
 CHECKPOINT_NAME = "ckpt.pt"
-
-
-class CheckpointError(UserError):
-    """`error: ...` in one line: what is wrong with a checkpoint, and what to do."""
 
 
 def checkpoint_path(path: str | os.PathLike) -> Path:
@@ -69,21 +75,6 @@ def save_checkpoint(path: str | os.PathLike, model: GPT, **extra) -> Path:
     return write_state(path, {"model": model.state_dict(), "config": asdict(model.config), **extra}, "checkpoint")
 
 
-def write_state(path: Path, state: dict, what: str) -> Path:
-    """torch.save(state) to path atomically; a full disk or a folder we may not write is one line,
-    and the previous file, if any, is kept. Adapters (mvgpt/lora.py) are written the same way."""
-    try:  # through our own file object, so a full disk is an OSError (ENOSPC), not torch's RuntimeError
-        with atomic_path(path) as tmp, open(tmp, "wb") as f:
-            torch.save(state, f)
-    except OSError as e:
-        if e.errno in DISK_FULL:
-            raise CheckpointError(f"the disk is full: {path} not saved (the previous one, if any, is kept): "
-                                  "free some space and run again") from None
-        raise CheckpointError(f"cannot write {path} ({e.strerror}; the previous {what}, if any, is kept): "
-                              "pick a folder you can write, or fix its permissions") from None
-    return path
-
-
 def read_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict:
     """The checkpoint's dict, or a one-line error for a missing, truncated or corrupt file."""
     file = checkpoint_path(path)
@@ -93,48 +84,6 @@ def read_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     if not isinstance(state, dict) or "model" not in state or "config" not in state:
         raise CheckpointError(f"{file} is not an mvGPT checkpoint (no model or config in it)")
     return state
-
-
-def archive_damage(file: Path) -> str | None:
-    """What is wrong with a checkpoint's zip archive (a record whose checksum fails), or None when
-    every record is sound or the file is no zip at all (torch.load then says what it is)."""
-    try:
-        with zipfile.ZipFile(file) as archive:
-            bad = archive.testzip()  # reads every record, checks its CRC-32
-    except zipfile.BadZipFile as e:
-        return None if "not a zip file" in str(e).lower() else str(e)
-    except (OSError, EOFError, ValueError, RuntimeError) as e:  # zlib's or the reader's complaint
-        return str(e) or type(e).__name__
-    return None if bad is None else f"the checksum of its record {bad} fails"
-
-
-def load_state(file: Path, map_location: str | torch.device, what: str, fix: str) -> object:
-    """torch.load with weights_only=True (tensors and plain values: no pickled code runs), into CPU
-    memory, then moved to map_location; a damaged file is one line naming `what` it is and the `fix`."""
-    damage = archive_damage(file)
-    if damage is not None:
-        raise CheckpointError(f"{what} {file} is damaged on disk ({damage[:120]}): {fix}")
-    try:
-        state = torch.load(file, map_location="cpu", weights_only=True)
-    except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        if first.startswith("Weights only load failed"):  # torch's advice to unpickle anyway: not for us
-            first = "not tensors and plain values only"
-        raise CheckpointError(f"{what} {file} is truncated or corrupt ({first[:120]}): {fix}") from None
-    if torch.device(map_location).type != "cpu":
-        state = _to_device(state, torch.device(map_location))
-    return state
-
-
-def _to_device(value: object, device: torch.device) -> object:
-    """The tensors of a loaded state moved to device (dicts and lists walked), the rest as it is."""
-    if isinstance(value, torch.Tensor):
-        return value.to(device)
-    if isinstance(value, dict):
-        return {k: _to_device(v, device) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_to_device(v, device) for v in value)
-    return value
 
 
 def config_from_dict(saved: dict) -> GPTConfig:
@@ -221,3 +170,135 @@ def load_model(
             f"checkpoint {checkpoint_path(path)} does not match its config ({str(e).splitlines()[0]})"
         ) from None
     return model.to(device).eval(), state
+
+
+# ----------------------------------------------------------------------------------------------
+# The models a path holds: run folders, checkpoint files, LoRA adapters on their base
+
+
+@dataclass
+class ModelSource:
+    name: str  # what the tables call it: the run folder's name (and the base, for an adapter)
+    given: str  # the path as the user gave it
+    checkpoint: Path  # the weights to load
+    adapter: Path | None = None  # LoRA, applied unmerged on top
+
+
+def existing_path(text: str) -> str:
+    """An argparse type: a path that exists (what it holds is sorted out by find_models)."""
+    if not Path(text).exists():
+        raise argparse.ArgumentTypeError(f"nothing at {text}: give a run folder or a checkpoint file "
+                                         "(train one with `python scripts/pretrain.py`), or check the path")
+    return text
+
+
+def model_arg(text: str) -> str:
+    """An argparse type for one model: a checkpoint, or a LoRA run (read on its base by find_models),
+    as a run folder or a file, checked to be there."""
+    return text if adapter_path(text).is_file() else checkpoint_arg(text)
+
+
+def base_candidates(adapter_file: Path, recorded: object) -> list[Path]:
+    """Where an adapter's base may be: the path it recorded, that name beside the adapter's folder,
+    then every other checkpoint there."""
+    home = adapter_file.parent.parent  # checkpoints/, for checkpoints/lora-rope/adapter.pt
+    found = []
+    if isinstance(recorded, str) and recorded:
+        found += [Path(recorded), home / Path(recorded).name]
+    found += sorted(p.parent for p in home.glob(f"*/{checkpoint_path('.').name}"))
+    unique = []
+    for path in found:
+        if checkpoint_path(path).is_file() and checkpoint_path(path).resolve() not in {
+                checkpoint_path(u).resolve() for u in unique}:
+            unique.append(path)
+    return unique
+
+
+def find_base(adapter_file: Path, tokenizer_hash: str | None) -> Path:
+    """The checkpoint an adapter was trained on (same config, tokenizer and weights), or a one-line error."""
+    state = read_adapter(adapter_file)
+    recorded = state.get("base")
+    for candidate in base_candidates(adapter_file, recorded):
+        try:
+            model, _ = load_model(candidate, "cpu", tokenizer_hash)
+            check_base(state, model, adapter_file, tokenizer_hash, weights_hash(model))
+        except CheckpointError:
+            continue
+        return checkpoint_path(candidate)
+    where = f"at {recorded} or beside its folder" if recorded else "beside its folder"
+    raise CheckpointError(f"adapter {adapter_file}: no checkpoint {where} holds the base it was trained on: "
+                          "fine-tune it again on the base you have")
+
+
+def find_models(paths: list[str], tokenizer_hash: str | None = None) -> tuple[list[ModelSource], list[str]]:
+    """(the models the paths hold, one reason per path that holds none), in the order given."""
+    models, skipped = [], []
+    for text in paths:
+        path = Path(text)
+        if path.is_dir():
+            weights, adapter = checkpoint_path(path), adapter_path(path)
+        elif path.suffix == ".pt":  # a file: a checkpoint, or an adapter saved under its own name
+            weights, adapter = (None, path) if is_adapter(path) else (path, None)
+        else:
+            skipped.append(f"{text} (not a run folder or a .pt file)")
+            continue
+        if weights is not None and weights.is_file():
+            models.append(ModelSource(path.name, text, weights))
+        elif adapter.is_file():
+            try:
+                base = find_base(adapter, tokenizer_hash)
+            except CheckpointError as e:
+                skipped.append(f"{text} ({reason(e)})")
+                continue
+            models.append(ModelSource(f"{path.name} (LoRA on {base.parent.name})", text, base, adapter))
+        else:
+            skipped.append(f"{text} (no checkpoint or LoRA adapter in it)")
+    return models, skipped
+
+
+def find_model(path: str, tokenizer_hash: str | None = None) -> ModelSource:
+    """The one model a path holds, for a script that takes one (a LoRA run: on its base), or a
+    one-line error saying why there is none."""
+    models, skipped = find_models([path], tokenizer_hash)
+    if not models:
+        raise CheckpointError(f"no model at {skipped[0]}")
+    return models[0]
+
+
+def is_adapter(file: Path) -> bool:
+    """Whether a .pt file holds a LoRA adapter (its own dict), not a checkpoint."""
+    try:
+        return "lora" in read_adapter(file)
+    except CheckpointError:
+        return False
+
+
+def reason(e: CheckpointError) -> str:
+    return str(e).removeprefix("error: ")
+
+
+def load_source(source: ModelSource, device: torch.device | str, tokenizer_hash: str | None = None) -> GPT:
+    """The model a source names, on device, in eval mode (an adapter applied unmerged)."""
+    model, _ = load_model(source.checkpoint, device, tokenizer_hash)
+    if source.adapter is not None:
+        load_adapter(model, source.adapter, tokenizer_hash)
+    return model.eval()
+
+
+def read_models(paths: list[str], device: torch.device | str,
+                tokenizer_hash: str | None = None) -> list[tuple[str, GPT]]:
+    """(name, model) for every model the paths hold, for a reading script. What holds none, or
+    cannot be read (corrupt, another tokenizer), is told in one line; none at all is an error
+    that gives the reasons."""
+    models, skipped = find_models(paths, tokenizer_hash)
+    loaded = []
+    for source in models:
+        try:
+            loaded.append((source.name, load_source(source, device, tokenizer_hash)))
+        except CheckpointError as e:
+            skipped.append(f"{source.given} ({reason(e)})")
+    if not loaded:  # nothing to read: the reasons are the error
+        raise CheckpointError("no model to read: " + "; ".join(skipped))
+    if skipped:
+        print(f"skipped {len(skipped)}: " + "; ".join(skipped))
+    return loaded

@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 from tqdm import tqdm
 
-from mvgpt.errors import DISK_FULL, UserError
-from mvgpt.io import atomic_path, pid_alive, write_text_atomic
+from mvgpt.kit.errors import DISK_FULL, UserError
+from mvgpt.kit.io import atomic_path, pid_alive, write_text_atomic
 from mvgpt.tokenizer import EOT, Tokenizer, file_hash, train_tokenizer
 
 if TYPE_CHECKING:  # torch is imported where batches are made: preparing data does not need it

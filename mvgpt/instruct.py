@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from mvgpt.data import DATA_DIR, DataError, load_tokens, read_meta
-from mvgpt.io import atomic_path, write_text_atomic
+from mvgpt.kit.io import atomic_path, write_text_atomic
 from mvgpt.tokenizer import Tokenizer
 
 IGNORE = -1  # the target of a token that is not trained on (the prompt, padding)

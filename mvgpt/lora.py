@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from mvgpt.checkpoint import CheckpointError, load_state, write_state
+from mvgpt.kit.io import CheckpointError, load_state, write_state
 from mvgpt.model import GPT
 
 ADAPTER_NAME = "adapter.pt"

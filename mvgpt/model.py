@@ -132,7 +132,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
 
 class CausalSelfAttention(nn.Module):
     # the kernel for a pass with nothing cached (training): a faster one can be swapped in per
-    # module without changing the weights (mvgpt/cpu_attention.py does, for bf16 on a CPU)
+    # module without changing the weights (mvgpt/perf/cpu_attention.py does, for bf16 on a CPU)
     attend: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] = staticmethod(causal_attention)
 
     def __init__(self, config: GPTConfig) -> None:
@@ -327,7 +327,7 @@ class GPT(nn.Module):
 
     def decode(self, token: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """One new token (B, 1) through the cache -> its logits (B, 1, vocab): generate's step (a hook:
-        mvgpt/fast_decode.py puts a compiled one in its place)."""
+        mvgpt/perf/fast_decode.py puts a compiled one in its place)."""
         return self(token, cache=cache, last_only=True)[0]
 
     @torch.no_grad()

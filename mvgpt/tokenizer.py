@@ -20,7 +20,7 @@ from pathlib import Path
 import rustbpe
 import tiktoken
 
-from mvgpt.io import write_text_atomic
+from mvgpt.kit.io import write_text_atomic
 
 EOT = "<|endoftext|>"
 

@@ -5,7 +5,7 @@ so what is compared is a ratio, not two numbers from different days:
 - the ceilings: float32 and bfloat16 matrix-product FLOP/s, memory bandwidth;
 - training tokens/s, learned positions and rope, at the default batch (16 x 256) with fused AdamW,
   in float32 and in bf16 mixed precision (autocast, as pretrain.py --dtype trains), timed side by
-  side, step after step in turn; the FLOP/s that makes (mvgpt.bench.training_flops_per_token says
+  side, step after step in turn; the FLOP/s that makes (mvgpt.perf.flops.training_flops_per_token says
   what is counted) and its share of the best matrix-product peak the device offers; with
   --compile, the step through torch.compile too, in both precisions, with its compile time and its
   speed-up over the eager step (what mvgpt.perf.compile_pays weighs); and the rope step once with
@@ -16,7 +16,7 @@ so what is compared is a ratio, not two numbers from different days:
   step must read (weights, keys and values) at the measured bandwidth, or its flops at the
   matrix-product peak if that takes longer;
 - generation with the cache at batch 1, 8, 32, tokens/s, against the same floor;
-- with --compile, the fast one-token step (mvgpt/fast_decode.py, in C, as sample.py and context.py use it):
+- with --compile, the fast one-token step (mvgpt/perf/fast_decode.py, in C, as sample.py and context.py use it):
   its build time, its speed, and after how many tokens it pays for itself;
 - torch.profiler tables of one cached decoding step and one training step: what bounds each; and
   each profiled training step's time by part (matrix products, GELU, the norms, the loss, ...:
@@ -59,22 +59,21 @@ from typing import TypeVar
 
 import torch
 
-from mvgpt.bench import (
+from mvgpt.device import CHOICES as DTYPE_CHOICES
+from mvgpt.device import autocast, dtype_name, machine, pick_device, resolve_dtype, sync
+from mvgpt.kit.errors import ArgumentParser, positive_float, positive_int, positive_ints, run_main, writable_file
+from mvgpt.kit.io import write_json
+from mvgpt.model import GPT, GPTConfig, KVCache
+from mvgpt.perf.cpu_attention import batched_attention_pays, use_batched_attention
+from mvgpt.perf.fast_decode import FastDecode, break_even_tokens
+from mvgpt.perf.flops import (
     decode_bytes_per_token,
     decode_flops_per_token,
     forward_flops,
-    machine,
     matmul_weights,
-    sync,
     training_flops_per_token,
 )
-from mvgpt.cpu_attention import batched_attention_pays, use_batched_attention
-from mvgpt.device import pick_device
-from mvgpt.errors import ArgumentParser, positive_float, positive_int, positive_ints, run_main, writable_file
-from mvgpt.fast_decode import FastDecode, break_even_tokens
-from mvgpt.io import write_json
-from mvgpt.model import GPT, GPTConfig, KVCache
-from mvgpt.perf import (
+from mvgpt.perf.measure import (
     kernel_names,
     matmul_flops,
     memory_bandwidth,
@@ -84,8 +83,6 @@ from mvgpt.perf import (
     time_it,
     tune_malloc,
 )
-from mvgpt.precision import CHOICES as DTYPE_CHOICES
-from mvgpt.precision import autocast, dtype_name, resolve_dtype
 from mvgpt.train import configure_optimizer
 
 T = TypeVar("T")
@@ -263,7 +260,7 @@ def with_threads(n: int, fn: Callable[[], T]) -> T:
 
 
 def bench_compiled_decoding(model: GPT, device: torch.device, tokens: int, repeats: int) -> dict:
-    """Generation at batch 1 with the fast one-token step (mvgpt/fast_decode.py, in C, on a copy of the
+    """Generation at batch 1 with the fast one-token step (mvgpt/perf/fast_decode.py, in C, on a copy of the
     model): its build time, its speed against the eager step's measured side by side, after how
     many tokens it pays for itself, and how far its logits are from the eager step's on the same
     tokens (float rounding; tests/test_fast_decode.py holds it to a tolerance)."""
@@ -533,7 +530,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--json", type=writable_file, help="also write every figure (and the profiler tables) here")
     p.add_argument("--quick", action="store_true", help="fewer steps and repeats, smaller ceilings")
     p.add_argument("--compile", action="store_true", help="also time the bf16 training step and the cached "
-                   "decoding step in C (mvgpt/fast_decode.py)")
+                   "decoding step in C (mvgpt/perf/fast_decode.py)")
     p.add_argument("--threads", type=positive_int, help="torch's CPU threads (default: torch's, one per core)")
     p.add_argument("--no-tune-malloc", action="store_true", help="leave glibc's malloc as it is")
     p.add_argument("--batches", type=positive_ints, default="1,8,32", help="batch sizes for generation with the cache")

@@ -10,7 +10,7 @@ end of the first window on, three ways:
   positions stop at the window), further back than the model ever saw in training.
 Reading further than the training context (scaled angles, sinks, dynamic NTK): long_context.py.
 Pointed at `checkpoints/*`, it reads every model there (a LoRA folder as its base with the adapter
-applied) and says in one line what it skipped and why (mvgpt/runs.py).
+applied) and says in one line what it skipped and why (mvgpt/checkpoint.py).
 
 Examples:
     python scripts/context.py checkpoints/* --device cpu
@@ -28,14 +28,13 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from mvgpt.bench import machine, sync
+from mvgpt.checkpoint import existing_path, read_models
 from mvgpt.data import DATA_DIR, data_tokenizer_hash, load_tokens, prepared_data, windows
-from mvgpt.device import pick_device
-from mvgpt.errors import ArgumentParser, at_least, run_main, writable_file
-from mvgpt.fast_decode import built, eager_because, use_fast_decode
-from mvgpt.io import write_json
+from mvgpt.device import machine, pick_device, sync
+from mvgpt.kit.errors import ArgumentParser, at_least, run_main, writable_file
+from mvgpt.kit.io import write_json
 from mvgpt.model import GPT, KVCache
-from mvgpt.runs import existing_path, read_models
+from mvgpt.perf.fast_decode import built, eager_because, use_fast_decode
 
 
 @torch.no_grad()
@@ -165,7 +164,7 @@ def load(args: argparse.Namespace) -> tuple[torch.device, list[tuple[str, GPT]],
         if fast := use_fast_decode(model, tokens):
             print(f"{name}: its one-token step runs in C ({built(fast)})")
         elif why := eager_because(model, tokens):
-            print(f"{name}: its one-token step stays eager: {why}, which mvgpt/one_token.c does not cover")
+            print(f"{name}: its one-token step stays eager: {why}, which mvgpt/perf/one_token.c does not cover")
     torch.manual_seed(0)
     return device, models, val
 

@@ -30,16 +30,14 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from mvgpt.bench import machine
-from mvgpt.cli import add_context_args, apply_context_args
+from mvgpt.checkpoint import existing_path, read_models
 from mvgpt.data import DATA_DIR, data_tokenizer_hash, load_tokens, prepared_data
-from mvgpt.device import pick_device
-from mvgpt.errors import ArgumentParser, positive_int, run_main, writable_file
-from mvgpt.io import write_json
+from mvgpt.device import CHOICES as DTYPE_CHOICES
+from mvgpt.device import autocast, dtype_name, machine, pick_device, resolve_dtype
+from mvgpt.extension.flags import add_context_args, apply_context_args
+from mvgpt.kit.errors import ArgumentParser, positive_int, run_main, writable_file
+from mvgpt.kit.io import write_json
 from mvgpt.model import GPT
-from mvgpt.precision import CHOICES as DTYPE_CHOICES
-from mvgpt.precision import autocast, dtype_name, resolve_dtype
-from mvgpt.runs import existing_path, read_models
 from mvgpt.tokenizer import Tokenizer
 
 

@@ -7,7 +7,7 @@ A rope model can carry a context extension where transformers has the same metho
 dynamic-ntk (as dynamic) and yarn; the others are refused. Needs the export extra
 (`pip install -e .[export]`).
 
-With --format gguf, OUT is one .gguf file (mvgpt/gguf.py): llama.cpp's `gptneox` (rope) or `gpt2`
+With --format gguf, OUT is one .gguf file (mvgpt/export/gguf.py): llama.cpp's `gptneox` (rope) or `gpt2`
 (learned positions), fp32 (or --f16), the tokenizer inside. Rope scaling goes in where llama.cpp
 computes the same thing: linear, yarn and ntk (as a larger rope base); the others are refused.
 
@@ -31,11 +31,11 @@ from pathlib import Path
 
 from mvgpt.checkpoint import checkpoint_arg, checkpoint_path, load_model
 from mvgpt.data import DATA_DIR, data_tokenizer_hash, prepared_data
-from mvgpt.errors import ArgumentParser, UserError, positive_float, positive_int, run_main
-from mvgpt.export import export, missing_extra
-from mvgpt.gguf import export_gguf
-from mvgpt.rope_scaling import SCALING_METHODS, RopeScaling
-from mvgpt.runfolder import claim, claim_file
+from mvgpt.export.gguf import export_gguf
+from mvgpt.export.hf import export, missing_extra
+from mvgpt.extension.rope_scaling import SCALING_METHODS, RopeScaling
+from mvgpt.kit.errors import ArgumentParser, UserError, positive_float, positive_int, run_main
+from mvgpt.kit.runfolder import claim, claim_file
 from mvgpt.tokenizer import Tokenizer
 
 

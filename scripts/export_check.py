@@ -1,13 +1,13 @@
 """Export the trained checkpoints and check that transformers (or llama.cpp) writes the same story.
 
-For each checkpoint: export it (mvgpt/export.py) into a folder under --out, load it with
+For each checkpoint: export it (mvgpt/export/hf.py) into a folder under --out, load it with
 `AutoModelForCausalLM` and `AutoTokenizer`, write a greedy story from the same prompt with both
 libraries, and compare the tokens. The story stays inside the training window, where both compute
 the same thing (past it, mvGPT slides its window and transformers does not). Also compares the
 logits over prompt + story, and the two tokenizers on held-out text.
 
 With --gguf, the same for llama.cpp (llama-cpp-python): each checkpoint exported as a GGUF file
-(mvgpt/gguf.py), its greedy story and tokenization against ours, and llama.cpp's perplexity over
+(mvgpt/export/gguf.py), its greedy story and tokenization against ours, and llama.cpp's perplexity over
 the held-out chunks of context.py's sweep (its own chunking function, the second half of each chunk
 scored, as llama.cpp's perplexity tool does) at each --ctx, with llama.cpp's own rope options
 for each --rope-scaling method it has (linear, yarn, ntk as a larger rope base), beside our loss on
@@ -38,10 +38,22 @@ import torch
 # import of it: if the sweep moves (e.g. to scripts/long_context.py), change this line.
 from long_context import chunk_losses
 
-from mvgpt.bench import machine
 from mvgpt.checkpoint import checkpoint_arg, checkpoint_path, load_model
 from mvgpt.data import DATA_DIR, data_tokenizer_hash, load_tokens, prepared_data
-from mvgpt.errors import (
+from mvgpt.device import machine
+from mvgpt.export.gguf import (
+    export_gguf,
+    ggml_activation,
+    gguf_rope,
+    llama_cpp_greedy,
+    llama_cpp_logits,
+    llama_cpp_missing,
+    llama_cpp_model,
+)
+from mvgpt.export.hf import export, missing_extra
+from mvgpt.extension.long_context import set_context
+from mvgpt.extension.rope_scaling import RopeScaling
+from mvgpt.kit.errors import (
     ArgumentParser,
     UserError,
     at_least,
@@ -51,20 +63,8 @@ from mvgpt.errors import (
     writable_file,
     writable_folder,
 )
-from mvgpt.export import export, missing_extra
-from mvgpt.gguf import (
-    export_gguf,
-    ggml_activation,
-    gguf_rope,
-    llama_cpp_greedy,
-    llama_cpp_logits,
-    llama_cpp_missing,
-    llama_cpp_model,
-)
-from mvgpt.io import write_json
-from mvgpt.long_context import set_context
-from mvgpt.rope_scaling import RopeScaling
-from mvgpt.runfolder import claim, claim_file
+from mvgpt.kit.io import write_json
+from mvgpt.kit.runfolder import claim, claim_file
 from mvgpt.tokenizer import Tokenizer
 
 

@@ -23,7 +23,7 @@ The run folder holds one fine-tune: a folder with an adapter in it needs --resum
 --overwrite (start again); one holding anything else (the base's run, data, an export) is refused,
 and so is --merge OUT where OUT is the base's folder. A resume keeps the adapter's rank and alpha
 and its base; the schedule, time, evaluation and measuring flags may change. An adapter is saved
-only from sane weights (mvgpt/runfolder.py's LossWatch): a fine-tune whose loss runs away stops,
+only from sane weights (mvgpt/kit/runfolder.py's LossWatch): a fine-tune whose loss runs away stops,
 and the adapter saved before stays as it was.
 """
 
@@ -39,11 +39,9 @@ from pathlib import Path
 
 import torch
 
-from mvgpt.bench import machine
 from mvgpt.checkpoint import checkpoint_path, load_model, save_checkpoint
 from mvgpt.data import DATA_DIR, data_tokenizer_hash
-from mvgpt.device import pick_device
-from mvgpt.errors import ArgumentParser, UserError, non_negative_float, run_main, seed, writable_file, writable_folder
+from mvgpt.device import machine, pick_device
 from mvgpt.instruct import (
     IGNORE,
     example_rows,
@@ -55,7 +53,27 @@ from mvgpt.instruct import (
     story_loss,
     words_used,
 )
-from mvgpt.io import write_json
+from mvgpt.kit.errors import (
+    ArgumentParser,
+    UserError,
+    non_negative_float,
+    run_main,
+    seed,
+    writable_file,
+    writable_folder,
+)
+from mvgpt.kit.io import write_json
+from mvgpt.kit.runfolder import (
+    LossWatch,
+    RunLock,
+    Scalars,
+    all_finite,
+    append_line,
+    claim,
+    claim_file,
+    diverged,
+    read_log,
+)
 from mvgpt.lora import (
     DEFAULT_ALPHA,
     DEFAULT_RANK,
@@ -70,7 +88,6 @@ from mvgpt.lora import (
     weights_hash,
 )
 from mvgpt.model import GPT
-from mvgpt.runfolder import LossWatch, RunLock, Scalars, all_finite, append_line, claim, claim_file, diverged, read_log
 from mvgpt.tokenizer import Tokenizer
 
 
@@ -305,7 +322,7 @@ def train(model: GPT, args: argparse.Namespace, device, tok_hash: str | None, ou
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
     budget = args.minutes * 60 if args.minutes else float("inf")
     val_loss, evaluated_at = None, None
-    watch, saved_at, start = LossWatch(losses), step, step  # has the fine-tune diverged? (mvgpt/runfolder.py)
+    watch, saved_at, start = LossWatch(losses), step, step  # has the fine-tune diverged? (mvgpt/kit/runfolder.py)
 
     def save() -> Path:
         """Save the adapter, only from sane weights: finite, and their held-out story loss (this
@@ -404,7 +421,7 @@ def main(argv: list[str] | None = None) -> dict:
         claim_file(args.json, "--json", reads=reads)
     if args.merge:
         return merge_to(args.merge, base, base_state, args, tok_hash, out_dir)
-    if not args.measure:  # the run folder: ours alone (mvgpt/runfolder.py), checked again once it is locked
+    if not args.measure:  # the run folder: ours alone (mvgpt/kit/runfolder.py), checked again once it is locked
         claim(out_dir, "lora", "--out-dir", resume=args.resume, overwrite=args.overwrite, reads=reads)
     meta = prepare_instruct(args.data_dir)
 

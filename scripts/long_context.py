@@ -29,11 +29,11 @@ import torch.nn.functional as F
 from context import cache_losses, finish, held_out_streams, load, parser, print_rows, score, window_losses
 from tqdm import tqdm
 
-from mvgpt.errors import at_least, positive_float, run_main
-from mvgpt.long_context import SinkCache, set_context
-from mvgpt.memory import kv_bytes_per_token, peak_forward_bytes
+from mvgpt.extension.long_context import SinkCache, set_context
+from mvgpt.extension.memory import kv_bytes_per_token, peak_forward_bytes
+from mvgpt.extension.rope_scaling import SCALING_METHODS
+from mvgpt.kit.errors import at_least, positive_float, run_main
 from mvgpt.model import GPT
-from mvgpt.rope_scaling import SCALING_METHODS
 
 
 @torch.no_grad()

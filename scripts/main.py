@@ -14,7 +14,7 @@ How long: about an hour on a 2-core CPU, of any kind. Before training, the job m
 machine (a minute or two: the steps it will train, compiled as they will be, and the measuring
 scripts' forwards), chooses how many steps both kinds train (as many as take the first about ten
 minutes, at most 1,000), and prints the plan: each stage with its estimate, and the total
-(mvgpt/plan.py). After each stage a line gives its time and the time left. --max-steps 1000 trains
+(mvgpt/perf/plan.py). After each stage a line gives its time and the time left. --max-steps 1000 trains
 the committed runs' count, with the same flags to pretrain.py.
 
 Examples:
@@ -36,15 +36,14 @@ import sys
 import time
 from pathlib import Path
 
-from mvgpt.bench import machine
 from mvgpt.checkpoint import checkpoint_path, read_checkpoint
 from mvgpt.data import SOURCE_ENV, data_tokenizer_hash, prepared_for, read_meta, source_fingerprint
-from mvgpt.device import pick_device
-from mvgpt.errors import ArgumentParser, UserError, positive_int, run_main, writable_folder
-from mvgpt.io import write_json
+from mvgpt.device import machine, pick_device
+from mvgpt.extension.rope_scaling import SCALING_METHODS
+from mvgpt.kit.errors import ArgumentParser, UserError, positive_int, run_main, writable_folder
+from mvgpt.kit.io import write_json
+from mvgpt.kit.runfolder import holds
 from mvgpt.lora import ADAPTER_NAME, read_adapter
-from mvgpt.rope_scaling import SCALING_METHODS
-from mvgpt.runfolder import holds
 from mvgpt.train import WARMUP_SHARE, WARMUP_STEPS
 
 SCRIPTS = Path(__file__).resolve().parent
@@ -177,10 +176,10 @@ def up_to_date(out: Path, checkpoints: list[Path], data: Path) -> bool:
 
 def plan_job(args: argparse.Namespace, data: Path, ckpts: Path, results: Path, started: float):
     """Measure this machine, choose the steps where --max-steps does not, and print the plan
-    (mvgpt/plan.py); returns (the Progress that says the time left after each stage, the steps)."""
+    (mvgpt/perf/plan.py); returns (the Progress that says the time left after each stage, the steps)."""
+    from mvgpt.device import dtype_name, resolve_dtype
     from mvgpt.model import GPTConfig
-    from mvgpt.plan import Job, Progress, measure, stages, steps_for
-    from mvgpt.precision import dtype_name, resolve_dtype
+    from mvgpt.perf.plan import Job, Progress, measure, stages, steps_for
 
     device = pick_device(args.device)
     dtype = resolve_dtype("auto", device)  # as pretrain.py --dtype auto will

@@ -29,7 +29,7 @@ A run folder holds one run: a folder with another run in it needs --resume (cont
 refused. A resume is the checkpoint's run: the model (--n-layer, --n-head, --n-embd, --block-size,
 --rope, --rope-theta, and what --init-from with --rope-scaling made) comes from the checkpoint, and
 a flag that says otherwise is refused; the optimization, schedule, time, evaluation, checkpoint
-and device flags may change. A checkpoint is saved only from sane weights (mvgpt/runfolder.py's
+and device flags may change. A checkpoint is saved only from sane weights (mvgpt/kit/runfolder.py's
 LossWatch): a run whose loss runs away stops, and its last checkpoint stays as it was.
 """
 
@@ -53,19 +53,27 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from mvgpt.bench import machine
 from mvgpt.checkpoint import CHECKPOINT_NAME, checkpoint_path, config_from_dict, read_checkpoint, save_checkpoint
-from mvgpt.cpu_attention import batched_attention_pays, use_batched_attention
 from mvgpt.data import DATA_DIR, data_tokenizer_hash, get_batch, load_tokens
-from mvgpt.device import pick_device
-from mvgpt.errors import UserError, run_main
-from mvgpt.io import write_json
+from mvgpt.device import CHOICES as DTYPE_CHOICES
+from mvgpt.device import autocast, dtype_name, machine, pick_device, resolve_dtype
+from mvgpt.extension.rope_scaling import SCALING_METHODS
+from mvgpt.kit.errors import UserError, run_main
+from mvgpt.kit.io import write_json
+from mvgpt.kit.runfolder import (
+    LossWatch,
+    RunLock,
+    Scalars,
+    all_finite,
+    append_line,
+    claim,
+    claim_file,
+    diverged,
+    read_log,
+)
 from mvgpt.model import GPT, GPTConfig
-from mvgpt.perf import compile_pays, tune_malloc
-from mvgpt.precision import CHOICES as DTYPE_CHOICES
-from mvgpt.precision import autocast, dtype_name, resolve_dtype
-from mvgpt.rope_scaling import SCALING_METHODS
-from mvgpt.runfolder import LossWatch, RunLock, Scalars, all_finite, append_line, claim, claim_file, diverged, read_log
+from mvgpt.perf.cpu_attention import batched_attention_pays, use_batched_attention
+from mvgpt.perf.measure import compile_pays, tune_malloc
 from mvgpt.train import WARMUP_SHARE, WARMUP_STEPS, configure_optimizer, lr_at
 
 EVAL_SEED = 1234  # the held-out batches are the same for every run
@@ -473,7 +481,7 @@ def train(run: dict, args: argparse.Namespace) -> dict:
         if "val_loss" in r:
             val_loss = r["val_loss"]
             evals.append({"step": r["step"], "val_loss": val_loss, "train_loss": loss_value})
-    watch, saved_at = LossWatch(run["losses"]), run["step"]  # has the run diverged? (mvgpt/runfolder.py)
+    watch, saved_at = LossWatch(run["losses"]), run["step"]  # has the run diverged? (mvgpt/kit/runfolder.py)
 
     def checkpoint(due: bool) -> None:
         """Save, only from sane weights: finite, and their loss (held-out: this step's evaluation, or
@@ -510,7 +518,7 @@ def train(run: dict, args: argparse.Namespace) -> dict:
         with autocast(device, dtype):
             _, loss = train_model(x.to(device), y.to(device))
         loss_value = mean_over_ranks(loss.item(), device)  # the same on every rank: all stop together
-        problem = watch.step(loss_value, step + 1)  # non-finite, or run away (mvgpt/runfolder.py)
+        problem = watch.step(loss_value, step + 1)  # non-finite, or run away (mvgpt/kit/runfolder.py)
         if problem:
             raise diverged(problem, out_dir, saved_at)
         optimizer.zero_grad(set_to_none=True)
@@ -575,7 +583,7 @@ def main(argv: list[str] | None = None) -> dict:
     dtype = resolve_dtype(args.dtype, device)
     args.dtype = dtype_name(dtype)  # the dtype used, in the log and the checkpoint's args
 
-    # the data, and the run folder: ours alone (mvgpt/runfolder.py), checked again once it is locked
+    # the data, and the run folder: ours alone (mvgpt/kit/runfolder.py), checked again once it is locked
     data_dir = Path(args.data_dir)
     train_data, val_data = load_tokens(data_dir, "train"), load_tokens(data_dir, "val")
     tok_hash = data_tokenizer_hash(data_dir)
@@ -601,7 +609,7 @@ def main(argv: list[str] | None = None) -> dict:
         args.rope = model.config.rope
         name = run_name(args)
         if batched_attention_pays(device, dtype):
-            use_batched_attention(model)  # attention's products over all heads at once (mvgpt/cpu_attention.py)
+            use_batched_attention(model)  # attention's products over all heads at once (mvgpt/perf/cpu_attention.py)
         optimizer = configure_optimizer(model, args.lr, args.weight_decay, device)
         step, elapsed, records = start_or_resume(args, out_dir, model, optimizer, state, master)
         model.to(device)

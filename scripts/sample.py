@@ -21,16 +21,23 @@ from pathlib import Path
 
 import torch
 
-from mvgpt.cli import add_context_args, apply_context_args
+from mvgpt.checkpoint import find_model, load_source, model_arg
 from mvgpt.data import DATA_DIR, data_tokenizer_hash, prepared_data
-from mvgpt.device import pick_device
-from mvgpt.errors import ArgumentParser, UserError, non_negative_float, non_negative_int, positive_int, run_main, seed
-from mvgpt.fast_decode import built, use_fast_decode
+from mvgpt.device import CHOICES as DTYPE_CHOICES
+from mvgpt.device import pick_device, resolve_dtype
+from mvgpt.extension.flags import add_context_args, apply_context_args
+from mvgpt.kit.errors import (
+    ArgumentParser,
+    UserError,
+    non_negative_float,
+    non_negative_int,
+    positive_int,
+    run_main,
+    seed,
+)
 from mvgpt.lora import load_adapter
 from mvgpt.model import GPT
-from mvgpt.precision import CHOICES as DTYPE_CHOICES
-from mvgpt.precision import resolve_dtype
-from mvgpt.runs import find_model, load_source, model_arg
+from mvgpt.perf.fast_decode import built, use_fast_decode
 from mvgpt.tokenizer import Tokenizer
 
 

@@ -1,6 +1,6 @@
 """See it happen: a page on this machine that writes past the window and shows the cache sliding.
 
-One page, three views (the page's files are mvgpt/live_static/; the data behind them mvgpt/live.py):
+One page, three views (the page's files are mvgpt/live/static/; the data behind them mvgpt/live/views.py):
 - Write: the story streamed token by token, beside each model's cache: the rows it holds, its
   position against its length, each slide, and the window a model with learned positions runs
   again past it; ms per token as a live line, with the running median.
@@ -37,18 +37,17 @@ from urllib.parse import parse_qs, urlsplit
 import numpy as np
 from context import LOSS_METHODS
 
-from mvgpt import live
-from mvgpt.checkpoint import CHECKPOINT_NAME
+from mvgpt.checkpoint import CHECKPOINT_NAME, find_model, load_source, model_arg
 from mvgpt.data import DATA_DIR, data_tokenizer_hash, load_tokens, prepared_data, windows
 from mvgpt.device import pick_device
-from mvgpt.errors import ArgumentParser, UserError, at_least, number, run_main
-from mvgpt.fast_decode import use_fast_decode
-from mvgpt.live import Limits, LiveError, sse
+from mvgpt.kit.errors import ArgumentParser, UserError, at_least, number, run_main
+from mvgpt.live import views as live
+from mvgpt.live.views import Limits, LiveError, sse
 from mvgpt.model import GPT
-from mvgpt.runs import find_model, load_source, model_arg
+from mvgpt.perf.fast_decode import use_fast_decode
 from mvgpt.tokenizer import Tokenizer
 
-STATIC = Path(live.__file__).with_name("live_static")  # the page: index.html, live.js, live.css
+STATIC = Path(live.__file__).with_name("static")  # the page: index.html, live.js, live.css
 TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
          ".css": "text/css; charset=utf-8", ".svg": "image/svg+xml"}
 LOCAL_NAMES = {"127.0.0.1", "localhost", "::1"}

@@ -9,7 +9,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev"))
 import attention_mask  # noqa: E402
 
-from mvgpt.cpu_attention import batched_causal_attention  # noqa: E402
+from mvgpt.perf.cpu_attention import batched_causal_attention  # noqa: E402
 
 
 def test_the_mask_built_in_the_step_attends_as_the_mask_made_once():

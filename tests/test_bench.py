@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 from conftest import ROOT, tiny_config, tiny_model
 
-from mvgpt.bench import (
+from mvgpt.perf.flops import (
     decode_bytes_per_token,
     decode_flops_per_token,
     forward_flops,
@@ -114,8 +114,8 @@ def test_training_bench_times_the_compiled_bf16_step_with_each_attention_side_by
     sys.path.insert(0, str(ROOT / "scripts"))
     import bench
 
-    from mvgpt.cpu_attention import batched_causal_attention
     from mvgpt.model import causal_attention
+    from mvgpt.perf.cpu_attention import batched_causal_attention
 
     models = []
     monkeypatch.setattr(bench.torch, "compile", lambda model: models.append(model) or model)  # no inductor here

@@ -10,8 +10,8 @@ import pytest
 import torch
 from conftest import tiny_model
 
-from mvgpt import checkpoint
 from mvgpt.checkpoint import load_model, read_checkpoint, save_checkpoint
+from mvgpt.kit import io
 
 
 @pytest.mark.parametrize("rope", [False, True])
@@ -137,7 +137,7 @@ def test_full_disk_is_one_line_that_says_disk_and_keeps_the_previous_checkpoint(
     save_checkpoint(run, tiny_model(seed=0), step=1)
     before = (run / "ckpt.pt").read_bytes()
     # every write of the checkpoint goes to /dev/full, where the kernel answers ENOSPC
-    monkeypatch.setattr(checkpoint, "open", lambda path, mode: open("/dev/full", mode), raising=False)
+    monkeypatch.setattr(io, "open", lambda path, mode: open("/dev/full", mode), raising=False)  # write_state's
     with pytest.raises(SystemExit, match="the disk is full") as e:
         save_checkpoint(run, tiny_model(seed=1), step=2)
     one_line_error(e)

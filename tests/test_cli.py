@@ -3,7 +3,7 @@ import argparse
 import pytest
 from conftest import tiny_model
 
-from mvgpt.cli import add_context_args, apply_context_args, at_least, positive_float
+from mvgpt.extension.flags import add_context_args, apply_context_args, at_least, positive_float
 
 
 def parse(argv: list[str]) -> argparse.Namespace:

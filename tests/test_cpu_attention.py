@@ -3,9 +3,14 @@ import torch
 import torch.nn.functional as F
 from conftest import tiny_model
 
-from mvgpt.cpu_attention import batched_attention_pays, batched_causal_attention, causal_mask, use_batched_attention
+from mvgpt.device import autocast
 from mvgpt.model import causal_attention
-from mvgpt.precision import autocast
+from mvgpt.perf.cpu_attention import (
+    batched_attention_pays,
+    batched_causal_attention,
+    causal_mask,
+    use_batched_attention,
+)
 
 
 def qkv(dtype=torch.float32, seed: int = 0, shape=(2, 3, 16, 8)) -> list[torch.Tensor]:

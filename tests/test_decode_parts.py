@@ -8,8 +8,8 @@ import pytest
 import torch
 from conftest import ROOT, tiny_model
 
-from mvgpt.fast_decode import FastDecode
-from mvgpt.precision import cpu_bf16_native
+from mvgpt.device import cpu_bf16_native
+from mvgpt.perf.fast_decode import FastDecode
 
 sys.path.insert(0, str(ROOT / "dev"))
 import decode_parts  # noqa: E402

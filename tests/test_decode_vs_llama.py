@@ -9,8 +9,8 @@ import pytest
 import torch
 from test_fast_decode import run
 
-from mvgpt.gguf import llama_cpp_missing
-from mvgpt.precision import cpu_bf16_native
+from mvgpt.device import cpu_bf16_native
+from mvgpt.export.gguf import llama_cpp_missing
 
 
 def test_a_tiny_race_writes_every_row_against_its_floor(tmp_path):

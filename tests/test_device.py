@@ -4,9 +4,8 @@ import time
 import pytest
 import torch
 
-from mvgpt.bench import machine, sync
-from mvgpt.device import pick_device
-from mvgpt.perf import time_it
+from mvgpt.device import machine, pick_device, sync
+from mvgpt.perf.measure import time_it
 
 
 def test_pick_device_prefers_what_is_there():
@@ -69,7 +68,7 @@ def test_the_model_generate_and_the_scaled_tables_make_no_float64_tensor_off_the
     scaled table (long_context.set_context) and dynamic NTK's, whose angles are made at every step."""
     from conftest import tiny_model
 
-    from mvgpt.long_context import DynamicNTKCache, set_context
+    from mvgpt.extension.long_context import DynamicNTKCache, set_context
 
     model = tiny_model(rope=True)  # block_size 16: the table holds 32 positions, then grows
     if method != "none":
@@ -115,7 +114,7 @@ def test_on_a_cuda_gpu_the_cache_gives_the_full_forwards_logits_and_the_angles_g
 def test_on_a_cuda_gpu_pretrain_trains_in_the_dtype_auto_picks(data_dir, tmp_path):
     import pretrain
 
-    from mvgpt.precision import dtype_name, resolve_dtype
+    from mvgpt.device import dtype_name, resolve_dtype
 
     summary = pretrain.main(["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "16",
                              "--batch-size", "4", "--eval-batches", "1", "--max-steps", "3", "--device", "cuda",

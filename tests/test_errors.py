@@ -7,8 +7,8 @@ import sys
 import pytest
 from conftest import ROOT
 
-from mvgpt import errors
-from mvgpt.errors import UserError, run_main
+from mvgpt.kit import errors
+from mvgpt.kit.errors import UserError, run_main
 
 
 @pytest.mark.parametrize("check, text, value", [
@@ -115,9 +115,9 @@ def script(body: str) -> list[str]:
 
 
 # 'ready' is printed inside run_main: a Ctrl-C before its try: would be a plain KeyboardInterrupt
-SLEEPER = ("import time\nfrom mvgpt.errors import run_main\n"
+SLEEPER = ("import time\nfrom mvgpt.kit.errors import run_main\n"
            "run_main(lambda: (print('ready', flush=True), time.sleep(60)))")
-PIPE = "from mvgpt.errors import run_main\nrun_main(lambda: [print('line', i, flush=True) for i in range(10**6)])"
+PIPE = "from mvgpt.kit.errors import run_main\nrun_main(lambda: [print('line', i, flush=True) for i in range(10**6)])"
 
 
 def test_ctrl_c_is_one_line_and_exit_130():
@@ -138,7 +138,7 @@ def test_a_reader_that_leaves_is_no_traceback():
 MAIN_STEP = f"""
 import sys; sys.path.insert(0, {str(ROOT / 'scripts')!r})
 import main
-from mvgpt.errors import run_main
+from mvgpt.kit.errors import run_main
 run_main(lambda: main.run(["-c", {SLEEPER!r}], None), interrupted="run main.py again")
 """
 

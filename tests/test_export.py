@@ -21,10 +21,10 @@ import export as export_script  # noqa: E402  (scripts/export.py, on the path fr
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from mvgpt.checkpoint import save_checkpoint  # noqa: E402
-from mvgpt.export import export, per_head_qkv, save_tokenizer  # noqa: E402
-from mvgpt.long_context import set_context  # noqa: E402
+from mvgpt.export.hf import export, per_head_qkv, save_tokenizer  # noqa: E402
+from mvgpt.extension.long_context import set_context  # noqa: E402
+from mvgpt.extension.rope_scaling import RopeScaling  # noqa: E402
 from mvgpt.model import GPT  # noqa: E402
-from mvgpt.rope_scaling import RopeScaling  # noqa: E402
 from mvgpt.tokenizer import Tokenizer, train_tokenizer  # noqa: E402
 
 ATOL = 1e-5

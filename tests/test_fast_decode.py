@@ -1,4 +1,4 @@
-"""mvgpt/fast_decode.py and mvgpt/one_token.c: the C one-token step computes what the eager step does
+"""mvgpt/perf/fast_decode.py and mvgpt/perf/one_token.c: the C one-token step computes what the eager step does
 (float32 to float rounding, the sums added in another order; bf16 to bf16's rounding), sample.py and
 context.py get the same tokens and losses with it, and it is put in place only where it pays.
 
@@ -18,11 +18,11 @@ import pytest
 import torch
 from conftest import ROOT, tiny_model
 
-import mvgpt.fast_decode as fd
+import mvgpt.perf.fast_decode as fd
 from mvgpt.checkpoint import save_checkpoint
 from mvgpt.data import data_tokenizer_hash
-from mvgpt.gguf import ggml_activation
-from mvgpt.long_context import SinkCache, set_context
+from mvgpt.export.gguf import ggml_activation
+from mvgpt.extension.long_context import SinkCache, set_context
 from mvgpt.lora import apply_lora
 from mvgpt.model import KVCache
 

@@ -24,8 +24,7 @@ import export as export_script  # noqa: E402  (scripts/export.py, on the path fr
 from gguf import GGUFReader  # noqa: E402
 
 from mvgpt.checkpoint import save_checkpoint  # noqa: E402
-from mvgpt.export import bytes_to_unicode  # noqa: E402
-from mvgpt.gguf import (  # noqa: E402
+from mvgpt.export.gguf import (  # noqa: E402
     export_gguf,
     ggml_activation,
     ggml_gelu,
@@ -35,9 +34,10 @@ from mvgpt.gguf import (  # noqa: E402
     llama_cpp_missing,
     llama_cpp_model,
 )
-from mvgpt.long_context import set_context  # noqa: E402
+from mvgpt.export.hf import bytes_to_unicode  # noqa: E402
+from mvgpt.extension.long_context import set_context  # noqa: E402
+from mvgpt.extension.rope_scaling import RopeScaling  # noqa: E402
 from mvgpt.model import GPT  # noqa: E402
-from mvgpt.rope_scaling import RopeScaling  # noqa: E402
 from mvgpt.tokenizer import Tokenizer, train_tokenizer  # noqa: E402
 
 TEXTS = [

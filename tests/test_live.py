@@ -1,4 +1,4 @@
-"""mvgpt/live.py: the page's events come from generate and KVCache as they are, and the read and
+"""mvgpt/live/views.py: the page's events come from generate and KVCache as they are, and the read and
 angles views from context.py's and rope_scaling's own functions."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import pytest
 import torch
 from conftest import sharpen, tiny_model
 
-from mvgpt import live
 from mvgpt.data import load_tokens
-from mvgpt.live import Limits, LiveError
+from mvgpt.extension.rope_scaling import RopeScaling, scaled_rotary
+from mvgpt.live import views as live
+from mvgpt.live.views import Limits, LiveError
 from mvgpt.model import KVCache
-from mvgpt.rope_scaling import RopeScaling, scaled_rotary
 from mvgpt.tokenizer import Tokenizer
 
 W = 16  # conftest's tiny window

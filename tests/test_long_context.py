@@ -2,9 +2,9 @@ import pytest
 import torch
 from conftest import sharpen, tiny_model
 
-from mvgpt.long_context import DynamicNTKCache, SinkCache, rotation_between, set_context
+from mvgpt.extension.long_context import DynamicNTKCache, SinkCache, rotation_between, set_context
+from mvgpt.extension.rope_scaling import RopeScaling, scaled_rotary
 from mvgpt.model import KVCache, rotary, rotate
-from mvgpt.rope_scaling import RopeScaling, scaled_rotary
 
 
 def tokens(n: int, seed: int = 0) -> torch.Tensor:

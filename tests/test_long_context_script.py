@@ -6,7 +6,7 @@ from conftest import tiny_model
 
 from mvgpt.checkpoint import save_checkpoint
 from mvgpt.data import data_tokenizer_hash
-from mvgpt.memory import kv_bytes_per_token
+from mvgpt.extension.memory import kv_bytes_per_token
 
 
 def test_sweep_sinks_and_dynamic_modes(data_dir, tmp_path):

@@ -44,7 +44,7 @@ def fake_job(monkeypatch, data_dir, tmp_path, step_s: float = 2.0):
     (the commands, what it printed)."""
     import main
 
-    from mvgpt import plan
+    from mvgpt.perf import plan
 
     (tmp_path / "data").symlink_to(data_dir)
     commands = []

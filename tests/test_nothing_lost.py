@@ -44,9 +44,9 @@ from test_instruct import write_corpus as write_instruct_corpus
 from mvgpt.checkpoint import read_checkpoint, save_checkpoint
 from mvgpt.data import data_tokenizer_hash, load_tokens, prepare
 from mvgpt.device import pick_device
-from mvgpt.errors import UserError
+from mvgpt.kit.errors import UserError
+from mvgpt.kit.runfolder import LossWatch, RunLock, claim, claim_file, holds, process_start, read_log
 from mvgpt.model import sample
-from mvgpt.runfolder import LossWatch, RunLock, claim, claim_file, holds, process_start, read_log
 
 SCRIPTS = ROOT / "scripts"
 RUN = "--batch-size 4 --eval-batches 1"  # a resumed tiny run's flags (its model comes from its checkpoint)

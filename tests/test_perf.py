@@ -2,7 +2,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mvgpt.perf import COMPILE_PAYS_AFTER_S, compile_pays, kernel_names, profile, step_part, time_by_part
+from mvgpt.perf.measure import COMPILE_PAYS_AFTER_S, compile_pays, kernel_names, profile, step_part, time_by_part
 
 
 @pytest.mark.parametrize("device, dtype, seconds, compiler, pays", [
@@ -19,17 +19,17 @@ from mvgpt.perf import COMPILE_PAYS_AFTER_S, compile_pays, kernel_names, profile
 def test_compile_pays_for_long_bf16_runs_on_a_cpu_with_a_compiler(
     monkeypatch, tmp_path, device, dtype, seconds, compiler, pays
 ):
-    monkeypatch.setattr("mvgpt.perf.shutil.which", lambda name: f"/usr/bin/{name}" if compiler else None)
+    monkeypatch.setattr("mvgpt.perf.measure.shutil.which", lambda name: f"/usr/bin/{name}" if compiler else None)
     (tmp_path / "include").mkdir()
     if compiler != "no headers":
         (tmp_path / "include" / "Python.h").write_text("")
-    monkeypatch.setattr("mvgpt.perf.sysconfig.get_paths", lambda: {"include": str(tmp_path / "include")})
+    monkeypatch.setattr("mvgpt.perf.measure.sysconfig.get_paths", lambda: {"include": str(tmp_path / "include")})
     assert compile_pays(device, dtype, seconds) is pays
 
 
 def test_compile_does_not_pay_where_inductor_wants_another_toolchain(monkeypatch):
-    monkeypatch.setattr("mvgpt.perf.shutil.which", lambda name: f"C:/mingw/bin/{name}.exe")
-    monkeypatch.setattr("mvgpt.perf.platform.system", lambda: "Windows")
+    monkeypatch.setattr("mvgpt.perf.measure.shutil.which", lambda name: f"C:/mingw/bin/{name}.exe")
+    monkeypatch.setattr("mvgpt.perf.measure.platform.system", lambda: "Windows")
     assert compile_pays("cpu", torch.bfloat16, 600.0) is False
 
 

@@ -4,9 +4,9 @@ import pytest
 import torch
 from conftest import tiny_config
 
-from mvgpt import plan
-from mvgpt.bench import forward_flops, training_flops_per_token
-from mvgpt.plan import PROCESS_S, REPORT_S, SAVE_S, Job, Progress, Rates, measure, stages, steps_for
+from mvgpt.perf import plan
+from mvgpt.perf.flops import forward_flops, training_flops_per_token
+from mvgpt.perf.plan import PROCESS_S, REPORT_S, SAVE_S, Job, Progress, Rates, measure, stages, steps_for
 
 
 def rates(**overrides) -> Rates:

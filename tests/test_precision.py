@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from conftest import tiny_model
 
-from mvgpt.precision import autocast, bf16_pays, dtype_name, resolve_dtype
+from mvgpt.device import autocast, bf16_pays, dtype_name, resolve_dtype
 
 
 def tokens(model, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -334,10 +334,10 @@ def test_max_steps_keeps_the_schedule_exact_whatever_the_clock(root, monkeypatch
 def test_the_step_is_compiled_where_it_pays_unless_asked(root, monkeypatch, capsys, flags, compiled):
     compiles = []
     monkeypatch.setattr(pretrain.torch, "compile", lambda model: compiles.append(model) or model)  # no inductor
-    monkeypatch.setattr("mvgpt.perf.shutil.which", lambda name: f"/usr/bin/{name}")  # a C++ compiler is there
+    monkeypatch.setattr("mvgpt.perf.measure.shutil.which", lambda name: f"/usr/bin/{name}")  # a C++ compiler is there
     (root / "include").mkdir()
     (root / "include" / "Python.h").write_text("")  # and Python's headers
-    monkeypatch.setattr("mvgpt.perf.sysconfig.get_paths", lambda: {"include": str(root / "include")})
+    monkeypatch.setattr("mvgpt.perf.measure.sysconfig.get_paths", lambda: {"include": str(root / "include")})
     monkeypatch.setattr(pretrain, "clock", FakeClock(100.0))  # 100 s a step: ten minutes in a few steps
     out = train(root, "run", *flags)
     assert out["args"]["compile"] is compiled and len(compiles) == compiled

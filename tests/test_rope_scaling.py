@@ -4,9 +4,9 @@ import pytest
 import torch
 from conftest import tiny_model
 
-from mvgpt.long_context import set_context
+from mvgpt.extension.long_context import set_context
+from mvgpt.extension.rope_scaling import SCALING_METHODS, RopeScaling, scaled_rotary, yarn_magnitude
 from mvgpt.model import rotary
-from mvgpt.rope_scaling import SCALING_METHODS, RopeScaling, scaled_rotary, yarn_magnitude
 
 WHEN_NEEDED = ["linear-when-needed", "pr-nonlinear", "ntk", "dynamic-ntk", "yarn"]
 

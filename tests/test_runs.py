@@ -18,10 +18,10 @@ import pytest
 import torch
 from conftest import ROOT, tiny_model
 
-from mvgpt.checkpoint import CheckpointError, save_checkpoint
+from mvgpt.checkpoint import existing_path, find_models, load_source, read_models, save_checkpoint
 from mvgpt.data import data_tokenizer_hash
+from mvgpt.kit.io import CheckpointError
 from mvgpt.lora import apply_lora, lora_layers, save_adapter, weights_hash
-from mvgpt.runs import existing_path, find_models, load_source, read_models
 
 VOCAB = 300  # the tiny data's tokenizer
 

@@ -24,7 +24,7 @@ from test_runs import lora_on
 
 from mvgpt.checkpoint import load_model, save_checkpoint
 from mvgpt.data import data_tokenizer_hash, load_tokens
-from mvgpt.errors import UserError
+from mvgpt.kit.errors import UserError
 from mvgpt.lora import save_adapter, weights_hash
 from mvgpt.model import KVCache
 from mvgpt.tokenizer import Tokenizer
@@ -171,8 +171,8 @@ def test_a_bad_request_is_answered_with_one_line(server, path, status, message):
     assert got == status and json.loads(body)["error"].startswith(message)
 
 
-@pytest.mark.parametrize("path", ["/../scripts/serve.py", "/%2e%2e/mvgpt/live.py", "/..%2fmvgpt%2flive.py",
-                                  "/live_static/index.html", "//etc/passwd", "/index.html/../../serve.py",
+@pytest.mark.parametrize("path", ["/../scripts/serve.py", "/%2e%2e/mvgpt/live/views.py", "/..%2fmvgpt%2flive.py",
+                                  "/static/index.html", "//etc/passwd", "/index.html/../../serve.py",
                                   "/static/../../pyproject.toml", "/live.js%00.html"])
 def test_only_the_pages_own_files_are_served(server, path):
     status, _, body = get(server, path)
@@ -184,9 +184,9 @@ def test_the_page_and_its_files_are_served_with_a_policy_of_its_own_files_only(s
                              ("/live.css", "text/css", "live.css"), ("/favicon.svg", "image/svg+xml", "favicon.svg")]:
         status, headers, body = get(server, path)
         assert status == 200 and headers["Content-Type"].startswith(kind)
-        assert body == (ROOT / "mvgpt" / "live_static" / name).read_bytes()
+        assert body == (ROOT / "mvgpt" / "live" / "static" / name).read_bytes()
         assert headers["Content-Security-Policy"] == "default-src 'self'"
-    html = (ROOT / "mvgpt" / "live_static" / "index.html").read_text()
+    html = (ROOT / "mvgpt" / "live" / "static" / "index.html").read_text()
     assert "http://" not in html and "https://" not in html  # nothing from the network
 
 

@@ -20,8 +20,8 @@ from functools import partial
 
 import torch
 
+from mvgpt.extension.rope_scaling import RopeScaling, scaled_rotary
 from mvgpt.model import GPT, Angles, GPTConfig, KVCache, RotaryTable, rotate
-from mvgpt.rope_scaling import RopeScaling, scaled_rotary
 
 AngleFn = Callable[[int, int], Angles]  # (start, T) -> cos, sin (T, head/2), as GPT.angles
 

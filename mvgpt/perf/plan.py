@@ -8,7 +8,7 @@ the plan, and after each stage a line with the time left (`Progress`).
 Each stage's work is counted here from the scripts' defaults (batches, streams, contexts, steps),
 in units the measurement times directly: a training step, an evaluation's forward, a window re-run,
 a cached decoding step; where a stage's unit is larger or smaller (a longer context, a smaller
-batch), by its flops (mvgpt/bench.py). An estimate is good to a fifth or so: set against the AMD
+batch), by its flops (mvgpt/device.py). An estimate is good to a fifth or so: set against the AMD
 EPYC's main job (results/amd-epyc/main-job: 58 minutes), the stages after pretraining came to 28.6
 minutes from its bench's rates, against 28.7 measured.
 
@@ -29,10 +29,10 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from mvgpt.bench import forward_flops, sync, training_flops_per_token
-from mvgpt.cpu_attention import batched_attention_pays, use_batched_attention
+from mvgpt.device import autocast, sync
 from mvgpt.model import GPT, GPTConfig, KVCache
-from mvgpt.precision import autocast
+from mvgpt.perf.cpu_attention import batched_attention_pays, use_batched_attention
+from mvgpt.perf.flops import forward_flops, training_flops_per_token
 from mvgpt.train import configure_optimizer
 
 TARGET_S = 600.0  # the first kind's pretraining, as in the episode: ten minutes

@@ -1,6 +1,6 @@
 """Command-line glue shared by the scripts: flags and their checks, with one-line errors.
 
-A check here runs at parse time (the checks themselves are mvgpt/errors.py's), so bad input stops
+A check here runs at parse time (the checks themselves are mvgpt/kit/errors.py's), so bad input stops
 with `error: ...` (exit 2) before anything is loaded; the library underneath may then assume its
 arguments are sane.
 """
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import argparse
 
-from mvgpt.errors import at_least, positive_float
-from mvgpt.long_context import set_context
-from mvgpt.rope_scaling import SCALING_METHODS
+from mvgpt.extension.long_context import set_context
+from mvgpt.extension.rope_scaling import SCALING_METHODS
+from mvgpt.kit.errors import at_least, positive_float
 
 
 def add_context_args(parser: argparse.ArgumentParser) -> None:

@@ -1,4 +1,4 @@
-/* The one-token step of GPT.forward with a KV cache, written out in C (mvgpt/fast_decode.py builds
+/* The one-token step of GPT.forward with a KV cache, written out in C (mvgpt/perf/fast_decode.py builds
    it and calls it; mvgpt/model.py is what it computes).
 
    Why by hand: at batch 1 a token multiplies a vector by every weight matrix, reading each weight

@@ -1,12 +1,12 @@
 """A faster one-token step for decoding with the KV cache: the model's own step, written out in C.
 
 At batch 1 a new token multiplies a vector by every weight matrix, reading each weight once and doing
-two flops with it, so the step is bounded by memory (mvgpt/bench.py counts the bytes). The eager
+two flops with it, so the step is bounded by memory (mvgpt/device.py counts the bytes). The eager
 step is far from that bound: it is about a hundred small PyTorch operations, each dispatched from
 Python, and on an AMD EPYC the math library's matrix-vector products read a matrix well below the
 memory's speed (bf16's slower still).
 
-mvgpt/one_token.c is the same step as one C function: one call per token, one parallel region, each
+mvgpt/perf/one_token.c is the same step as one C function: one call per token, one parallel region, each
 weight read once at close to the memory's speed, in float32 or bf16, the new token's keys and values
 written straight into the cache. This file builds it with the machine's C compiler (`cc`, a fraction
 of a second, once per process), and calls it through ctypes. What stays in Python is the cache's
@@ -40,8 +40,8 @@ from typing import NamedTuple
 import torch
 import torch.nn as nn
 
+from mvgpt.device import dtype_name
 from mvgpt.model import GPT, MLP, Block, CausalSelfAttention, KVCache
-from mvgpt.precision import dtype_name
 
 SOURCE = Path(__file__).with_name("one_token.c")
 DTYPES = {torch.float32: 0, torch.bfloat16: 1}  # the C file's F32, BF16
@@ -68,7 +68,7 @@ def c_builds_here(device: torch.device | str) -> bool:
 
 @cache
 def library() -> ctypes.CDLL:
-    """mvgpt/one_token.c, built for this machine into a folder of this process's own, and loaded.
+    """mvgpt/perf/one_token.c, built for this machine into a folder of this process's own, and loaded.
     Raises RuntimeError with the compiler's last words where no set of flags builds it."""
     cc = compiler()
     if cc is None:
@@ -170,7 +170,7 @@ class FastDecode:
     Steps it does not cover go to the model's own forward: more than one token, a model `compilable`
     refuses (or one moved since to another device or dtype), a cache not of the weights' dtype or not
     laid out as KVCache lays it for these tokens, a learned position past the table (the model says
-    why, or does it). Builds mvgpt/one_token.c on creation (once per
+    why, or does it). Builds mvgpt/perf/one_token.c on creation (once per
     process), and `warmup_s` says how long that took. Not an nn.Module: set on a model as
     `model.decode`, it adds nothing to its state_dict.
     """
@@ -294,7 +294,8 @@ def eager_because(model: GPT, tokens: int) -> str | None:
 
 def built(fast: FastDecode) -> str:
     """What a script says of the C step: its file, and the seconds its build took (once per process)."""
-    return f"mvgpt/one_token.c, built in {fast.warmup_s:.1f} s" if fast.warmup_s >= 0.05 else "mvgpt/one_token.c"
+    name = "mvgpt/perf/one_token.c"
+    return f"{name}, built in {fast.warmup_s:.1f} s" if fast.warmup_s >= 0.05 else name
 
 
 def use_fast_decode(model: GPT, tokens: int) -> FastDecode | None:

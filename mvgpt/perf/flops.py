@@ -1,56 +1,16 @@
-"""What a figure is measured on, and what the model must do: flops per trained token, bytes per decoded token.
+"""What the model must do: flops per trained token, flops and bytes per decoded token.
 
-These are model-level formulas, in the spirit of nanoGPT's estimate_mfu and nanochat's
-estimate_flops; the timing and profiling machinery that measures against them is in mvgpt/perf.py
-and scripts/bench.py.
+Model-level formulas, in the spirit of nanoGPT's estimate_mfu and nanochat's estimate_flops. The
+measurements set against them are in mvgpt/perf/measure.py and scripts/bench.py; the main job's plan
+(mvgpt/perf/plan.py) counts its stages' work with them.
 """
 
 from __future__ import annotations
 
-import os
-import platform
 from typing import TYPE_CHECKING
-
-import torch
 
 if TYPE_CHECKING:  # for the type hints only
     from mvgpt.model import GPT, GPTConfig
-
-
-def sync(device: torch.device | str) -> None:
-    """Wait until the device has finished its queued work (GPU calls return before they finish)."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
-
-
-def cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def machine(device: torch.device | str = "cpu") -> str:
-    """One line saying where a figure was measured."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        where = torch.cuda.get_device_name(device)
-    else:  # the vector instructions torch's CPU kernels use (AVX2, AVX512, ...) matter as much
-        where = f"{cpu_name()} ({torch.backends.cpu.get_cpu_capability()})"
-    return (
-        f"{where}, {torch.get_num_threads()} threads of {os.cpu_count()} cores, "
-        f"torch {torch.__version__}, {device.type}"
-    )
-
-
-# ----------------------------------------------------------------------------------------------
-# What the model must do: flops per trained token, bytes per decoded token
 
 
 def matmul_weights(config: GPTConfig) -> int:

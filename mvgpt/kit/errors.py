@@ -88,7 +88,7 @@ def _probe(text: str, folder: Path) -> None:
 def writable_file(text: str) -> str:
     """An output file we will be able to write, checked now rather than after the work; never one of
     a run's, an export's or the data's own files (a --json over data/meta.json would damage it)."""
-    from mvgpt.runfolder import part_of  # (runfolder imports this module)
+    from mvgpt.kit.runfolder import part_of  # (runfolder imports this module)
 
     if Path(text).is_dir():
         raise argparse.ArgumentTypeError(f"{text} is a folder: give a file name")

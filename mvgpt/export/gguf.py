@@ -36,11 +36,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from mvgpt.errors import DISK_FULL
-from mvgpt.export import LAYER_NORM_EPS, ExportError, bpe_vocab_and_merges
-from mvgpt.io import atomic_path
+from mvgpt.export.hf import LAYER_NORM_EPS, ExportError, bpe_vocab_and_merges
+from mvgpt.extension.rope_scaling import RopeScaling
+from mvgpt.kit.errors import DISK_FULL
+from mvgpt.kit.io import atomic_path
 from mvgpt.model import GPT, GPTConfig
-from mvgpt.rope_scaling import RopeScaling
 from mvgpt.tokenizer import EOT, Tokenizer
 
 GGUF_ROPE_METHODS = ("none", "linear", "yarn", "ntk")  # the ones llama.cpp computes as we do

@@ -1,6 +1,6 @@
 """See it happen: what `scripts/serve.py`'s page shows, as plain data, from the model's own code.
 
-Three views, each made here and drawn by the page (mvgpt/live_static/):
+Three views, each made here and drawn by the page (mvgpt/live/static/):
 - write: `write_story` runs `GPT.generate` as it is and watches it through its cache hook,
   `GPT.new_cache`. A `WatchedCache` notes each `slide`; after each token the watcher reads the
   cache's fields (offset, length, position). Past the window, a model with learned positions
@@ -30,9 +30,9 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from mvgpt.errors import number
+from mvgpt.extension.rope_scaling import RopeScaling, scaled_angles
+from mvgpt.kit.errors import number
 from mvgpt.model import GPT, GPTConfig, KVCache
-from mvgpt.rope_scaling import RopeScaling, scaled_angles
 from mvgpt.tokenizer import Tokenizer
 
 Span = tuple[int, int]  # story places [start, end): place 0 is the prompt's first token

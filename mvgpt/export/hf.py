@@ -28,10 +28,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from mvgpt.errors import DISK_FULL
-from mvgpt.io import atomic_path, write_text_atomic
+from mvgpt.extension.rope_scaling import RopeScaling
+from mvgpt.kit.errors import DISK_FULL
+from mvgpt.kit.io import atomic_path, write_text_atomic
 from mvgpt.model import GPT, GPTConfig
-from mvgpt.rope_scaling import RopeScaling
 from mvgpt.tokenizer import EOT, Tokenizer
 
 if TYPE_CHECKING:  # the export extra: imported only where used, so mvgpt works without it

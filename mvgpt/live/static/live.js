@@ -1,5 +1,5 @@
 // mvGPT live: the page of scripts/serve.py. Plain JS, no framework, nothing from the network.
-// The server does the model's work (mvgpt/live.py); this file only draws what it sends:
+// The server does the model's work (mvgpt/live/views.py); this file only draws what it sends:
 //   api/info          the models and limits, to build the forms
 //   api/write?...     server-sent events: start, token (one per token, with the cache's state), done
 //   api/read?...      server-sent events: piece (the tokens), scored (one per method), done

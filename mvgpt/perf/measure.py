@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from mvgpt.bench import sync
+from mvgpt.device import sync
 
 
 def time_it(

@@ -34,8 +34,8 @@ from pathlib import Path
 
 import torch
 
-from mvgpt.errors import UserError
-from mvgpt.io import pid_alive, write_text_atomic
+from mvgpt.kit.errors import UserError
+from mvgpt.kit.io import pid_alive, write_text_atomic
 
 # ----------------------------------------------------------------------------------------------
 # What a folder holds, told by its files

@@ -1,0 +1,138 @@
+"""Atomic writes: a file is either its old self or complete, never half-written.
+
+The bytes go to a temporary file beside the target, `.NAME.tmpPID`, renamed over it when complete.
+A process killed mid-write (kill -9, a power cut) leaves its temporary file behind: the next write
+of the same file removes it, once its process is gone.
+
+A torch state file (a checkpoint, a LoRA adapter) is written the same way, and read with
+weights_only=True (tensors and plain values: no pickled code runs), its zip records' checksums
+checked first, so a flipped bit on disk is told as damage, never loaded as weights.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import pickle
+import zipfile
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from mvgpt.kit.errors import DISK_FULL, UserError
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def remove_stale_temps(path: str | os.PathLike) -> list[Path]:
+    """Remove the temporary files of `path` left by processes that died; returns them."""
+    path = Path(path)
+    stale = []
+    for tmp in path.parent.glob(f".{glob.escape(path.name)}.tmp*"):
+        pid = tmp.name.rpartition(".tmp")[2]
+        if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
+            tmp.unlink(missing_ok=True)
+            stale.append(tmp)
+    return stale
+
+
+@contextmanager
+def atomic_path(path: str | os.PathLike):
+    """Yield a temporary path beside `path`; on success it replaces `path` in one step."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        yield tmp
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    with atomic_path(path) as tmp:
+        Path(tmp).write_text(text, encoding="utf-8")
+
+
+def write_json(path: str | os.PathLike, data) -> None:
+    """A script's --json output, atomically (its folder made if needed)."""
+    write_text_atomic(path, json.dumps(data, indent=1, ensure_ascii=False) + "\n")
+
+
+# ----------------------------------------------------------------------------------------------
+# Torch state files: checkpoints and adapters
+
+
+class CheckpointError(UserError):
+    """`error: ...` in one line: what is wrong with a checkpoint, and what to do."""
+
+
+def write_state(path: Path, state: dict, what: str) -> Path:
+    """torch.save(state) to path atomically; a full disk or a folder we may not write is one line,
+    and the previous file, if any, is kept. Adapters (mvgpt/lora.py) are written the same way."""
+    try:  # through our own file object, so a full disk is an OSError (ENOSPC), not torch's RuntimeError
+        with atomic_path(path) as tmp, open(tmp, "wb") as f:
+            torch.save(state, f)
+    except OSError as e:
+        if e.errno in DISK_FULL:
+            raise CheckpointError(f"the disk is full: {path} not saved (the previous one, if any, is kept): "
+                                  "free some space and run again") from None
+        raise CheckpointError(f"cannot write {path} ({e.strerror}; the previous {what}, if any, is kept): "
+                              "pick a folder you can write, or fix its permissions") from None
+    return path
+
+
+def archive_damage(file: Path) -> str | None:
+    """What is wrong with a checkpoint's zip archive (a record whose checksum fails), or None when
+    every record is sound or the file is no zip at all (torch.load then says what it is)."""
+    try:
+        with zipfile.ZipFile(file) as archive:
+            bad = archive.testzip()  # reads every record, checks its CRC-32
+    except zipfile.BadZipFile as e:
+        return None if "not a zip file" in str(e).lower() else str(e)
+    except (OSError, EOFError, ValueError, RuntimeError) as e:  # zlib's or the reader's complaint
+        return str(e) or type(e).__name__
+    return None if bad is None else f"the checksum of its record {bad} fails"
+
+
+def load_state(file: Path, map_location: str | torch.device, what: str, fix: str) -> object:
+    """torch.load with weights_only=True (tensors and plain values: no pickled code runs), into CPU
+    memory, then moved to map_location; a damaged file is one line naming `what` it is and the `fix`."""
+    damage = archive_damage(file)
+    if damage is not None:
+        raise CheckpointError(f"{what} {file} is damaged on disk ({damage[:120]}): {fix}")
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True)
+    except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if first.startswith("Weights only load failed"):  # torch's advice to unpickle anyway: not for us
+            first = "not tensors and plain values only"
+        raise CheckpointError(f"{what} {file} is truncated or corrupt ({first[:120]}): {fix}") from None
+    if torch.device(map_location).type != "cpu":
+        state = _to_device(state, torch.device(map_location))
+    return state
+
+
+def _to_device(value: object, device: torch.device) -> object:
+    """The tensors of a loaded state moved to device (dicts and lists walked), the rest as it is."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, dict):
+        return {k: _to_device(v, device) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_device(v, device) for v in value)
+    return value
