@@ -76,7 +76,7 @@ class Ours:
     def __init__(self, model: GPT, tokens: torch.Tensor, held: int, fast: bool) -> None:
         self.model, self.tokens, self.held = model, tokens, held
         self.decode = FastDecode(model) if fast else model.decode
-        self.warmup_s = self.decode.warmup_s if fast else None
+        self.build_s = self.decode.build_s if fast else None
         weight = model.wte.weight
         self.cache = KVCache(model.config, 1, 2 * model.config.block_size, weight.device, weight.dtype)
         with torch.no_grad():
@@ -222,7 +222,7 @@ def measure(model32: GPT, files: dict[str, Path], threads: int, args, ceilings: 
             engines[name] = Ours(m, stream, held, fast)
             rows[name] = {"engine": "mvGPT", "step": "C step" if fast else "eager", "weights": dtype_name(d),
                           "kv": dtype_name(d), "bytes_per_weight": m.wte.weight.element_size(), **floor,
-                          "warmup_s": engines[name].warmup_s}
+                          "build_s": engines[name].build_s}
         if not llama_cpp_missing():
             kv = "f32" if d == torch.float32 else "f16"
             for flash in (False, True):

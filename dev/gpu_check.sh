@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One NVIDIA GPU, measured in one go (about 8 minutes, 6 of them training): the tests that use CUDA, both kinds trained
 # for two minutes with --dtype auto (the rope model compiled and not), the episode's table past the
-# window on the GPU, and bench.py's decoding (eager, bf16 weights, compiled), all into
+# window on the GPU, and bench.py's decoding (eager, bf16 weights; the C step is the CPU's), all into
 # results/<gpu>/, a folder named after the GPU (e.g. results/nvidia-h200/). Then choices.json sets
-# what was measured beside what the code chooses there (dtype, compiling training, compiled decoding).
+# what was measured beside what the code chooses there (dtype, compiling training).
 #
 #   bash dev/gpu_check.sh                        # needs prepared data (data/, or --source to prepare it)
 #   bash dev/gpu_check.sh --source ../shared/data/tinystories --minutes 2
@@ -82,8 +82,8 @@ step "$limit" python scripts/pretrain.py --rope --compile "${common[@]}" --out-d
 step 240 python scripts/context.py "$ckpts/pretrain" "$ckpts/pretrain-rope" --device cuda --data-dir "$data" \
   --streams 2 --json "$out/context-gpu.json"
 
-# 4. bench.py's decoding on the GPU: the cached step eager, with bf16 weights, and compiled (with its break-even)
-step 300 python scripts/bench.py --device cuda --only decoding --compile --json "$out/bench.json" \
+# 4. bench.py's decoding on the GPU: the cached step eager, with float32 and bf16 weights
+step 300 python scripts/bench.py --device cuda --only decoding --json "$out/bench.json" \
   --note "dev/gpu_check.sh: decoding only"
 
 # 5. what was measured, beside what the code chooses on this GPU
@@ -101,7 +101,6 @@ read = lambda name: json.loads((out / name).read_text())  # noqa: E731
 eager, compiled, bench = read("pretrain-rope.json"), read("pretrain-rope-compiled.json"), read("bench.json")
 dtype = resolve_dtype("auto", "cuda")
 speedup = compiled["tokens_per_s"] / eager["tokens_per_s"]  # the steps' median speeds: compile time left out
-decoding = bench.get("compiled_decoding") or {}
 choices = {
     "machine": bench["machine"],
     "dtype_auto": dtype_name(dtype),
@@ -109,8 +108,7 @@ choices = {
     "training_steps": {"eager": eager["steps"], "compiled": compiled["steps"]},  # in the same minutes
     "compile_pays_says": compile_pays("cuda", dtype, 600.0),
     "compiling_paid_in_these_minutes": compiled["steps"] > eager["steps"],
-    "decoding_ms": {"eager": bench["decoding"]["cached_ms"], "compiled": decoding.get("ms")},
-    "compiled_decoding_break_even_tokens": decoding.get("break_even_tokens"),
+    "decoding_ms": {"eager": bench["decoding"]["cached_ms"]},
 }
 (out / "choices.json").write_text(json.dumps(choices, indent=1) + "\n")
 print(json.dumps(choices, indent=1))

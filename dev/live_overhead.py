@@ -53,7 +53,7 @@ from mvgpt.device import machine, pick_device  # noqa: E402
 from mvgpt.kit.errors import ArgumentParser, UserError, at_least, run_main, writable_file  # noqa: E402
 from mvgpt.kit.io import write_json  # noqa: E402
 from mvgpt.live.views import Limits  # noqa: E402
-from mvgpt.perf.fast_decode import use_fast_decode  # noqa: E402
+from mvgpt.perf.fast_decode import use_decode_step  # noqa: E402
 from mvgpt.tokenizer import Tokenizer  # noqa: E402
 
 PAUSE = 0.5  # seconds between runs: a process's OpenMP threads spin for a while after their work
@@ -79,6 +79,7 @@ def page_server(args: argparse.Namespace) -> Iterator[tuple[str, int]]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     server = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
     try:
+        server.stdout.readline()  # which one-token step writes each model's tokens (serve.py's first line)
         line = server.stdout.readline()  # "serving http://127.0.0.1:PORT/ (Ctrl-C stops it)"
         if not line.startswith("serving http://"):
             raise UserError(f"scripts/serve.py did not start (exit {server.wait()}): see its message above")
@@ -171,8 +172,7 @@ def main(argv: list[str] | None = None) -> dict:
     with page_server(args) as address:
         for path in args.checkpoints:
             model = load_model(path, device, tok_hash)[0]
-            if model.config.rope:  # the C step, as serve.py and context.py put it in place
-                use_fast_decode(model, 2 * model.config.block_size)
+            use_decode_step(model, "auto", 2 * model.config.block_size)  # the C step, as serve.py chooses it
             rows.append(measure(address, serve.run_name(path), model, tokenizer, val, args.repeats))
     print_rows(rows)
     command = shlex.join(["python", "dev/live_overhead.py", *(sys.argv[1:] if argv is None else argv)])

@@ -370,11 +370,18 @@ def context(r: dict) -> dict:
         if learned:
             body += f", {learned['ms_per_token'] / cache['ms_per_token']:.1f}× faster than the learned model's"
         body += f", at a loss {cache['loss'] - rope_window['loss']:+.4f} from the window's.\n"
+    c_step = by.get(("pretrain-rope", "sliding cache, C step"))  # context.py's row for the one-token step in C
+    if cache and c_step:
+        body += (f"\nWith its one-token step in C (`mvgpt/perf/one_token.c`), the same sliding cache writes a token "
+                 f"in {c_step['ms_per_token'] / cache['ms_per_token']:.2f} of the time model.py's step takes, at a "
+                 f"loss {c_step['loss'] - cache['loss']:+.4f} from it.\n")
 
     def draw(plt):
         fig, (ax,) = figure(plt, height=4.2)
         styles = {"sliding window": "-", "sliding cache": "--", "full context": ":"}
         for i, x in enumerate(rows):
+            if x["method"] == "sliding cache, C step":
+                continue  # its losses are the sliding cache's: one line would hide the other
             means = moving_average(x["position_losses"], smooth)
             start = window + (smooth - 1) / 2  # each mean sits in the middle of its positions
             ax.plot([start + j for j in range(len(means))], means, styles.get(x["method"], "-."), color=f"C{i}",
@@ -519,14 +526,14 @@ def bench(r: dict) -> dict:
         rows.append([f"decoding, sliding cache, {headline}{n} thread{'s' * (int(n) > 1)}", f"{ms:.2f} ms/token",
                      f"floor {d['floor_ms']:.2f} ms", f"{ms / d['floor_ms']:.2f}× floor",
                      goal("cached_over_floor", "≤ {:g}×")])
-    k = b.get("compiled_decoding")
+    k = b.get("c_step")
     if k:
         floor_ms = d.get("floor_ms_by_dtype", {}).get("float32", d["floor_ms"])
         pays = f"pays after {k['break_even_tokens']:,.0f} tokens" if k.get("break_even_tokens") else "never pays"
         side = (f", {k['speedup']:.2f}× the eager step's {k['eager_ms']:.2f} side by side: {pays}"
                 if "speedup" in k else "")
         rows.append(["decoding, sliding cache, float32, fast step (fast_decode.py)",
-                     f"{k['ms']:.2f} ms/token (making it: {k['compile_s']:.0f} s{side})", f"floor {floor_ms:.2f} ms",
+                     f"{k['ms']:.2f} ms/token (making it: {k['build_s']:.0f} s{side})", f"floor {floor_ms:.2f} ms",
                      f"{k['ms'] / floor_ms:.2f}× floor", goal("cached_over_floor", "≤ {:g}×")])
     floors = f" ({d['floors_ratio']:.1f}× the cache's floor)" if "floors_ratio" in d else ""
     rows.append([f"decoding, re-run window (learned, {b['config']['block_size']})", f"{d['rerun_ms']:.1f} ms/token",
@@ -620,8 +627,8 @@ def bench_machines(r: dict) -> dict:
         ms = d.get("cached_ms_by_dtype", {}).get(dtype)
         return "–" if ms is None else f"{ms:.2f} ms/token = {ms / d['floor_ms_by_dtype'][dtype]:.2f}× its floor"
 
-    def compiled_decoding(b: dict) -> str:
-        k = b.get("compiled_decoding") or {}
+    def c_step(b: dict) -> str:
+        k = b.get("c_step") or {}
         return f"{k['speedup']:.2f}× the eager step's speed" if "speedup" in k else "–"
 
     rows = [["fp32 matmul peak", *(peak(b, "matmul_fp32_flops") for _, b in benches)],
@@ -634,7 +641,7 @@ def bench_machines(r: dict) -> dict:
             ["the matrix products' share of the last profiled rope step", *(products(b) for _, b in benches)],
             *[[f"decoding, sliding cache, {dtype} weights", *(decoding(b, dtype) for _, b in benches)]
               for dtype in ("float32", "bfloat16")],
-            ["decoding, float32, fast step (fast_decode.py)", *(compiled_decoding(b) for _, b in benches)],
+            ["decoding, float32, fast step (fast_decode.py)", *(c_step(b) for _, b in benches)],
             ["measured", *(b["date"][:10] for _, b in benches)]]
     names = [cpu(b["machine"]) + (", --dtype float32" if b.get("dtype") == "float32" else "") for _, b in benches]
     return {"bench-machines": head(*benches) + table(["figure", *names], rows)}
@@ -802,7 +809,7 @@ def decode(r: dict) -> dict:
         text += f" Note: {d['note']}\n\n" if d.get("note") else "\n\n"
         rows = []
         for x in d["rows"]:
-            how = x["step"] + (f" ({x['warmup_s']:.1f} s to build)" if (x.get("warmup_s") or 0) >= 0.05 else "")
+            how = x["step"] + (f" ({x['build_s']:.1f} s to build)" if (x.get("build_s") or 0) >= 0.05 else "")
             floor = x.get("floor_ms", x.get("compute_floor_ms"))
             rows.append([x["threads"], x["engine"], how, x["weights"] if x["step"] == "re-run window" else
                          f"{x['weights']}, KV {x['kv']}", f"{x['ms']:.2f}",

@@ -36,7 +36,8 @@ from pathlib import Path
 
 import torch
 
-from mvgpt.kit.io import CheckpointError, load_state, write_state
+from mvgpt.data import tokenizer_vocab
+from mvgpt.kit.io import CheckpointError, first_non_finite, load_state, write_state
 from mvgpt.lora import adapter_path, check_base, load_adapter, read_adapter, weights_hash
 from mvgpt.model import GPT, GPTConfig
 
@@ -48,6 +49,11 @@ def checkpoint_path(path: str | os.PathLike) -> Path:
     """A run folder means its ckpt.pt; a file means itself."""
     path = Path(path)
     return path / CHECKPOINT_NAME if path.is_dir() else path
+
+
+def checkpoint_in(folder: str | os.PathLike) -> Path:
+    """A run folder's checkpoint file, whatever the folder is called (a folder named run.pt too)."""
+    return Path(folder) / CHECKPOINT_NAME
 
 
 def no_checkpoint(path: str | os.PathLike) -> str:
@@ -159,9 +165,16 @@ def load_model(
             f"{tokenizer_hash}: prepare the data it was trained on, or pass --data-dir"
         )
     config = config_from_dict(state["config"])
+    vocab = tokenizer_vocab(tokenizer_hash)  # the data's token ids, where this process read the data
+    if saved is None and vocab is not None and config.vocab_size < vocab:
+        raise CheckpointError(f"checkpoint {checkpoint_path(path)} reads {config.vocab_size} token ids, but the data's "
+                              f"tokenizer makes {vocab}: pass the --data-dir it was trained with")
     if not isinstance(state["model"], dict):
         raise CheckpointError(f"{checkpoint_path(path)} is not an mvGPT checkpoint (its model is not a dict)")
     check_fits(config, state["model"], checkpoint_path(path))
+    if (bad := first_non_finite(state["model"])) is not None:
+        raise CheckpointError(f"checkpoint {checkpoint_path(path)} holds non-finite weights ({bad}): it cannot be "
+                              "read; use an earlier checkpoint, or train again with a lower --lr")
     model = GPT(config)
     try:
         model.load_state_dict(state["model"])

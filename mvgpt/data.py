@@ -62,7 +62,11 @@ def split_stories(text: str, name: str) -> list[str]:
             f"{name} has no {EOT} separators, so its stories cannot be told apart: "
             f"put a line {EOT} after each story (as TinyStories' .txt files do)"
         )
-    return [s.strip() for s in text.split(EOT) if s.strip()]
+    stories = [s.strip() for s in text.split(EOT) if s.strip()]
+    if not stories:
+        raise DataError(f"{name} has {EOT} separators and no story between them: point --source at TinyStories "
+                        "text")
+    return stories
 
 
 def source_files(source: str | os.PathLike) -> list[Path]:
@@ -331,9 +335,23 @@ def prepared_data(text: str) -> str:
     return text
 
 
+_VOCABS: dict[str, int] = {}  # tokenizer hash -> its vocabulary size, for the data this process has read
+
+
 def data_tokenizer_hash(data_dir: str | os.PathLike = DATA_DIR) -> str | None:
+    """The hash of the tokenizer the data was prepared with (None where there is no prepared data)."""
     meta = read_meta(Path(data_dir))
-    return meta["tokenizer_hash"] if meta else None
+    if not meta:
+        return None
+    if isinstance(meta.get("vocab_size"), int):
+        _VOCABS[meta["tokenizer_hash"]] = meta["vocab_size"]
+    return meta["tokenizer_hash"]
+
+
+def tokenizer_vocab(tokenizer_hash: str | None) -> int | None:
+    """The vocabulary size of a tokenizer whose data this process has read (data_tokenizer_hash), so a
+    checkpoint that records no tokenizer hash is still checked against the token ids the data holds."""
+    return _VOCABS.get(tokenizer_hash) if tokenizer_hash is not None else None
 
 
 def get_batch(

@@ -88,6 +88,13 @@ def apply_lora(model: GPT, rank: int = DEFAULT_RANK, alpha: float = DEFAULT_ALPH
     return names
 
 
+def max_rank(model: GPT) -> int:
+    """The largest rank whose update (r x in + out x r weights) stays smaller than every layer it
+    adapts (in x out): past it, the "low-rank" adapter outweighs the model it fine-tunes."""
+    shapes = [m.weight.shape for m in model.blocks.modules() if isinstance(m, nn.Linear)]
+    return min((rows * cols - 1) // (rows + cols) for rows, cols in shapes)
+
+
 def lora_layers(model: nn.Module) -> dict[str, LoRALinear]:
     return {name: m for name, m in model.named_modules() if isinstance(m, LoRALinear)}
 

@@ -1,4 +1,4 @@
-"""mvGPT's model, read top to bottom: config, rotary helpers, KV cache, attention, MLP, block, GPT.
+"""mvGPT's model, read top to bottom: config, rotary helpers, attention, MLP, block, KV cache, GPT.
 
 Two ways to tell the model where each token is:
 - learned positions (GPT-2's way): a table with one row per place in the 256-token window, added
@@ -12,15 +12,16 @@ What episode 10 (RoPE) changed, in reading order:
 - `GPTConfig.rope` picks the kind; `rope_theta` sets the speeds of the rotary pairs.
 - `rotary()`: cos and sin of every position's angles, one angle per pair of channels.
 - `rotate()`: turns pairs of channels of queries and keys by those angles.
+- `RotaryTable` (`GPT.angles`): the angles as a table made once at set-up, sliced per forward.
 - `CausalSelfAttention.forward`: one line rotates q and k, before the keys enter the cache.
 - `KVCache.position` keeps counting past the window; `KVCache.slide(keep)` drops the oldest tokens.
-- `RotaryTable` / `GPT.angles`: the angles as a table made once at set-up, sliced per forward.
 - `GPT.forward`: learned positions add their table; rope reads the angles once for all blocks.
 - `GPT.generate`: past the window, rope slides the cache; learned positions re-run the window.
 Reading past the training context (scaled angles, attention sinks, dynamic NTK) is not here: it
 lives in long_context.py (and rope_scaling.py), and enters through `GPT.angles` (a table it
-swaps in) and `GPT.new_cache` (a cache subclass generate then uses). A compiled one-token step
-(fast_decode.py) enters through `GPT.decode`, the step generate takes for each new token.
+swaps in) and `GPT.new_cache` (a cache subclass generate then uses). The one-token step written in C
+(mvgpt/perf/one_token.c, which fast_decode.py builds) enters through `GPT.decode`, the step generate
+takes for each new token.
 """
 
 from __future__ import annotations
@@ -225,9 +226,6 @@ class KVCache:
             self.v[:, :, :, : self.length] = self.v[:, :, :, held].clone()
             self.offset = 0
 
-    # torch.compile: the writes run as they are, between compiled pieces. Traced into a graph, a
-    # write into part of the cache becomes a copy of the whole cache, for every token.
-    @torch.compiler.disable
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store block `layer`'s new keys and values (B, H, T, head); return all held ones."""
         end = self.offset + self.length + k.shape[2]
@@ -327,7 +325,7 @@ class GPT(nn.Module):
 
     def decode(self, token: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """One new token (B, 1) through the cache -> its logits (B, 1, vocab): generate's step (a hook:
-        mvgpt/perf/fast_decode.py puts a compiled one in its place)."""
+        mvgpt/perf/fast_decode.py puts the C step in its place)."""
         return self(token, cache=cache, last_only=True)[0]
 
     @torch.no_grad()

@@ -1,16 +1,39 @@
-"""What a training step needs besides the model: the optimizer, and the learning-rate schedule.
+"""Training: the optimizer, the learning rate, and the one step every trainer takes.
 
-scripts/pretrain.py trains with these, and scripts/bench.py times the same step, so a benchmark
-figure is the speed of the step a learner runs.
+`Step` is the step: a forward pass with the matrix products in the run's precision (autocast),
+backward, the gradient's norm clipped, the optimizer's update. scripts/pretrain.py and
+scripts/finetune.py train with it, scripts/bench.py times it, and the main job's plan
+(mvgpt/perf/plan.py) measures it, so every figure is the speed of the step a learner runs.
+
+Around the step, what every training loop needs: the learning-rate schedule (`lr_at`), a watch that
+stops a run whose loss runs away before its weights are saved (`LossWatch`), and Ctrl-C or SIGTERM
+told to the loop, which saves and exits (`StopSignals`).
+
+Example:
+    optimizer = configure_optimizer(model, lr=2e-3, weight_decay=0.1, device=device)
+    step = Step(model, optimizer, device, dtype)       # dtype: mvgpt.device.resolve_dtype("auto", device)
+    for i in range(max_steps):
+        loss, grad_norm = step(*get_batch(data, 16, 256, seed, i), lr=lr_at(i, 2e-3, 200, 0.1, max_steps))
 """
 
 from __future__ import annotations
 
 import math
+import signal
+import statistics
+from collections.abc import Callable, Iterable
+from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
+from mvgpt.device import autocast
+from mvgpt.kit.errors import UserError
 from mvgpt.model import GPT
+from mvgpt.perf.cpu_attention import batched_attention_pays, use_batched_attention
+
+# ----------------------------------------------------------------------------------------------
+# The optimizer and the learning rate
 
 
 def configure_optimizer(
@@ -75,3 +98,148 @@ def lr_at(
     if max_steps is not None:
         return lr * cosine((step - warmup) / max(1, max_steps - warmup), min_ratio)
     return lr * cosine(elapsed / budget, min_ratio)
+
+
+# ----------------------------------------------------------------------------------------------
+# The step
+
+
+class Step:
+    """One training step: `step(x, y, lr)` -> (the loss, the gradient's norm before clipping).
+
+    The forward pass runs under autocast in `dtype` (bf16 products where the hardware has them,
+    weights, gradients and the optimizer's state in float32: mvgpt/device.py), then backward, the
+    gradient's norm clipped to `grad_clip` (0: measured, left alone), and the update of the
+    parameters that train (a LoRA run's adapters; all of them in pretraining). Both values are
+    tensors, so a GPU is not made to wait for them; `.item()` reads them.
+
+    `forward` is what runs the model (the model itself, or it compiled, or wrapped for several
+    processes); `loss` turns a batch into the loss (default: the model's own, over every target).
+    On a CPU in bf16, attention's products over all heads at once replace PyTorch's kernel
+    (mvgpt/perf/cpu_attention.py: the step runs faster, the checkpoint is the same), unless
+    `batched_attention` says otherwise.
+    """
+
+    def __init__(self, model: GPT, optimizer: torch.optim.Optimizer, device: torch.device | str, dtype: torch.dtype,
+                 *, grad_clip: float = 1.0, forward: Callable | None = None,
+                 loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+                 batched_attention: bool | None = None) -> None:
+        self.optimizer, self.device, self.dtype, self.grad_clip = optimizer, torch.device(device), dtype, grad_clip
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        if batched_attention is None:
+            batched_attention = batched_attention_pays(device, dtype)
+        if batched_attention:
+            use_batched_attention(model)
+        forward = model if forward is None else forward
+        self.loss = loss or (lambda x, y: forward(x, y)[1])
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor, lr: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        if lr is not None:
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+        with autocast(self.device, self.dtype):
+            loss = self.loss(x.to(self.device), y.to(self.device))
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip or math.inf)
+        self.optimizer.step()
+        return loss.detach(), grad_norm
+
+
+# ----------------------------------------------------------------------------------------------
+# Sane weights only
+
+
+def all_finite(params: Iterable[torch.Tensor]) -> bool:
+    return all(bool(torch.isfinite(p).all()) for p in params)
+
+
+class LossWatch:
+    """Has the run diverged? The losses of recent steps against the median of those before.
+
+    `step(loss)` after each step's forward: non-finite, or the median of the last SMOOTH losses
+    more than FACTOR times the median of the WINDOW losses before them, is divergence.
+    `check(loss)` before a save, with the loss of the weights about to be saved: the same bound.
+    Either way the caller stops with the message, and the last checkpoint stays as it was.
+    """
+
+    WINDOW, SMOOTH, FACTOR = 50, 3, 2.0
+
+    def __init__(self, losses: Iterable[float] = ()) -> None:
+        losses = losses if isinstance(losses, (list, tuple)) else []  # a checkpoint's, maybe crafted
+        self.losses = [x for x in losses if isinstance(x, (int, float)) and math.isfinite(x)][-self.WINDOW:]
+
+    def reference(self, recent: int = 0) -> float | None:
+        """The median of the WINDOW losses before the last `recent` ones (None with too few)."""
+        before = self.losses[: len(self.losses) - recent] if recent else self.losses
+        return statistics.median(before[-self.WINDOW:]) if len(before) >= self.SMOOTH else None
+
+    def step(self, loss: float, at: int) -> str | None:
+        """Record a step's loss; a one-line reason when the run has diverged, else None."""
+        if not math.isfinite(loss):
+            return f"the loss became {loss} at step {at}"
+        self.losses.append(loss)
+        ref = self.reference(self.SMOOTH)
+        now = statistics.median(self.losses[-self.SMOOTH:])
+        self.losses = self.losses[-(self.WINDOW + self.SMOOTH):]
+        if ref is not None and now > self.FACTOR * ref:
+            return (f"the loss ran away at step {at} (the last {self.SMOOTH} steps' median {now:.4g}, more than "
+                    f"{self.FACTOR:g}x the {ref:.4g} of the steps before)")
+        return None
+
+    def check(self, loss: float, at: int) -> str | None:
+        """Before a save: the loss of the weights about to be saved, against the recent median."""
+        if not math.isfinite(loss):
+            return f"the weights of step {at} give a loss of {loss}"
+        ref = self.reference()
+        if ref is not None and loss > self.FACTOR * ref:
+            return (f"the weights of step {at} give a loss of {loss:.4g}, more than {self.FACTOR:g}x the recent "
+                    f"median {ref:.4g}")
+        return None
+
+
+def diverged(reason: str, folder: Path, saved: int | None, what: str = "checkpoint") -> UserError:
+    """The one line a diverging run stops with: what happened, what is kept, what to do."""
+    if saved:
+        return UserError(f"{reason}: the run has diverged and stops; the {what} of step {saved} in {folder} is "
+                         "kept as it was: resume with a lower --lr")
+    return UserError(f"{reason}: the run has diverged and stops, before any {what} was saved: run again with a "
+                     "lower --lr")
+
+
+# ----------------------------------------------------------------------------------------------
+# Stopping on a signal
+
+
+class StopSignals:
+    """Ctrl-C (SIGINT) and SIGTERM ask the loop to stop after the current step, save, and exit.
+
+    Under DDP every rank must follow one clock (the schedule reads it) and stop at the same step:
+    rank 0's clock decides for all, and a signal to any rank stops all.
+    The previous handlers come back on exit (a test calling main() keeps its own).
+    """
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+
+    def __enter__(self) -> StopSignals:
+        self.previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+
+    def _on_signal(self, signum, frame) -> None:
+        self.signal = signum
+
+    def agree(self, elapsed: float, device: torch.device) -> tuple[float, bool]:
+        """(elapsed seconds, stop now), the same on every rank: rank 0's clock, and whether any rank
+        has had a signal. A signal arriving after this waits for the next step."""
+        stop = self.signal is not None
+        if dist.is_initialized():  # one sum: rank 0's seconds (the others add 0) and the signals
+            mine = [elapsed if dist.get_rank() == 0 else 0.0, float(stop)]
+            shared = torch.tensor(mine, dtype=torch.float64, device=device)
+            dist.all_reduce(shared)
+            elapsed, stop = shared[0].item(), bool(shared[1])
+        return elapsed, stop

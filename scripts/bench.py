@@ -16,7 +16,7 @@ so what is compared is a ratio, not two numbers from different days:
   step must read (weights, keys and values) at the measured bandwidth, or its flops at the
   matrix-product peak if that takes longer;
 - generation with the cache at batch 1, 8, 32, tokens/s, against the same floor;
-- with --compile, the fast one-token step (mvgpt/perf/fast_decode.py, in C, as sample.py and context.py use it):
+- with --c-step, the one-token step in C (mvgpt/perf/one_token.c, as sample.py and serve.py use it):
   its build time, its speed, and after how many tokens it pays for itself;
 - torch.profiler tables of one cached decoding step and one training step: what bounds each; and
   each profiled training step's time by part (matrix products, GELU, the norms, the loss, ...:
@@ -35,9 +35,9 @@ would take hours there (its square-product peak is then the probe's, n = 256).
 
 Examples:
     python scripts/bench.py --json results/bench.json     # the full benchmark: 2 to 4 minutes on a CPU
-    python scripts/bench.py --compile --json results/bench.json    # and the compiled steps
+    python scripts/bench.py --compile --c-step --json results/bench.json    # and the compiled steps, the C step
     python scripts/bench.py --compile --dtype float32 --json results/bench-float32.json  # float32's rows first
-    python scripts/bench.py --device cuda --only decoding --compile    # a GPU's decoding (dev/gpu_check.sh)
+    python scripts/bench.py --device cuda --only decoding    # a GPU's decoding (dev/gpu_check.sh)
     python scripts/bench.py --quick                        # fewer steps, smaller ceilings: a minute
     python scripts/bench.py --quick --n-layer 2 --n-embd 64 --n-head 2 --block-size 32 \\
         --vocab-size 256 --batch-size 4 --batches 1,2 --json /tmp/bench.json   # a tiny CPU run, seconds
@@ -60,11 +60,11 @@ from typing import TypeVar
 import torch
 
 from mvgpt.device import CHOICES as DTYPE_CHOICES
-from mvgpt.device import autocast, dtype_name, machine, pick_device, resolve_dtype, sync
+from mvgpt.device import dtype_name, machine, pick_device, resolve_dtype, sync
 from mvgpt.kit.errors import ArgumentParser, positive_float, positive_int, positive_ints, run_main, writable_file
 from mvgpt.kit.io import write_json
 from mvgpt.model import GPT, GPTConfig, KVCache
-from mvgpt.perf.cpu_attention import batched_attention_pays, use_batched_attention
+from mvgpt.perf.cpu_attention import batched_attention_pays
 from mvgpt.perf.fast_decode import FastDecode, break_even_tokens
 from mvgpt.perf.flops import (
     decode_bytes_per_token,
@@ -83,7 +83,7 @@ from mvgpt.perf.measure import (
     time_it,
     tune_malloc,
 )
-from mvgpt.train import configure_optimizer
+from mvgpt.train import Step, configure_optimizer
 
 T = TypeVar("T")
 # goals: decoding near its memory floor; the re-run window far behind the cache; training at 0.4 of
@@ -103,25 +103,13 @@ def random_tokens(shape: tuple[int, ...], vocab_size: int, device: torch.device,
 
 def train_step(model: GPT, x: torch.Tensor, y: torch.Tensor, device: torch.device, dtype: torch.dtype,
                compile: bool = False, batched_attention: bool | None = None) -> Callable[[], float]:
-    """One step as pretrain.py takes it: forward under autocast, backward, clip, fused AdamW, loss to the host.
-    Attention's batched products where they pay, as pretrain.py chooses, unless `batched_attention` says."""
+    """The step pretrain.py takes (mvgpt.train.Step: forward under autocast, backward, clip, fused AdamW),
+    with the loss read to the host. Attention's batched products where they pay, as the step chooses,
+    unless `batched_attention` says."""
     optimizer = configure_optimizer(model, lr=1e-4, weight_decay=0.1, device=device)  # small lr: sane weights
-    if batched_attention is None:
-        batched_attention = batched_attention_pays(device, dtype)
-    if batched_attention:
-        use_batched_attention(model)
-    forward = torch.compile(model) if compile else model
-
-    def step() -> float:
-        with autocast(device, dtype):
-            _, loss = forward(x, y)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        return loss.item()
-
-    return step
+    step = Step(model, optimizer, device, dtype, forward=torch.compile(model) if compile else model,
+                batched_attention=batched_attention)
+    return lambda: step(x, y)[0].item()
 
 
 def bench_training(config: GPTConfig, device: torch.device, batch_size: int, steps: int, peak: float,
@@ -259,21 +247,24 @@ def with_threads(n: int, fn: Callable[[], T]) -> T:
         torch.set_num_threads(before)
 
 
-def bench_compiled_decoding(model: GPT, device: torch.device, tokens: int, repeats: int) -> dict:
-    """Generation at batch 1 with the fast one-token step (mvgpt/perf/fast_decode.py, in C, on a copy of the
-    model): its build time, its speed against the eager step's measured side by side, after how
-    many tokens it pays for itself, and how far its logits are from the eager step's on the same
-    tokens (float rounding; tests/test_fast_decode.py holds it to a tolerance)."""
+def bench_c_step(model: GPT, device: torch.device, tokens: int, repeats: int) -> dict | str:
+    """Generation at batch 1 with the one-token step in C (mvgpt/perf/one_token.c, on a copy of the model):
+    its build time, its speed against the eager step's measured side by side, after how many tokens it
+    pays for itself, and how far its logits are from the eager step's on the same tokens (float rounding;
+    tests/test_fast_decode.py holds it to a tolerance). Where it does not build or cover the model (a GPU):
+    why not, in one line."""
     window = model.config.block_size
     prompt = random_tokens((1, window), model.config.vocab_size, device, seed=5)
     fast = copy.deepcopy(model)
     fast.decode = FastDecode(fast)
-    compile_s = fast.decode.warmup_s
-    eager, compiled = [], []
+    if fast.decode.why_not is not None:
+        return fast.decode.why_not
+    build_s = fast.decode.build_s
+    eager, c_step = [], []
     for _ in range(2):  # side by side, twice: the better of each, as the machine's load comes and goes
         eager.append(1e3 * generate_seconds_per_token(model, prompt, True, tokens, repeats))
-        compiled.append(1e3 * generate_seconds_per_token(fast, prompt, True, tokens, repeats))
-    eager_ms, ms = min(eager), min(compiled)
+        c_step.append(1e3 * generate_seconds_per_token(fast, prompt, True, tokens, repeats))
+    eager_ms, ms = min(eager), min(c_step)
     with torch.no_grad():  # the same tokens through both, each with its own cache
         stream = random_tokens((1, 8), model.config.vocab_size, device, seed=4)
         caches = [KVCache(model.config, 1, device=device) for _ in range(2)]
@@ -287,17 +278,17 @@ def bench_compiled_decoding(model: GPT, device: torch.device, tokens: int, repea
                 logits.append(m.decode(stream[:, i : i + 1], cache))
             diff = max(diff, (logits[0] - logits[1]).abs().max().item())
 
-        def compiled_step() -> None:
+        def one_c_step() -> None:
             caches[1].slide(window - 1)
             fast.decode(stream[:, :1], caches[1])
 
-        profile_text = profile_table(profile(compiled_step, device), device)
+        profile_text = profile_table(profile(one_c_step, device), device)
     return {
-        "compile_s": compile_s,
+        "build_s": build_s,
         "ms": ms,
         "eager_ms": eager_ms,
         "speedup": eager_ms / ms,
-        "break_even_tokens": break_even_tokens(eager_ms, ms, compile_s),
+        "break_even_tokens": break_even_tokens(eager_ms, ms, build_s),
         "max_abs_logit_diff": diff,
         "profile": profile_text,
     }
@@ -342,7 +333,7 @@ def ceiling_sizes(device: torch.device, quick: bool) -> tuple[int, int, int]:
 
 def estimate_parts(rates: dict[str, float], learned: GPTConfig, rope: GPTConfig, device: torch.device,
                    batch_size: int, headline: torch.dtype, quick: bool, compile: bool, threads: int,
-                   batches: list[int], malloc: bool) -> dict[str, float]:
+                   batches: list[int], malloc: bool, c_step: bool = False) -> dict[str, float]:
     """Seconds each part of the bench will take, from the probe's `rates`: each part's flops at its
     precision's rate (times STEP_EFFICIENCY), a decoding step's bytes at the bandwidth where that is
     longer, COMPILE_S for each compile. An estimate within a factor two or so: enough to say how long,
@@ -390,8 +381,8 @@ def estimate_parts(rates: dict[str, float], learned: GPTConfig, rope: GPTConfig,
         generate_s(headline) * (3 if device.type == "cpu" and threads > 1 else 1)  # one thread: about twice as long
         + rerun * forward_s(learned, headline) + forward_s(rope, headline) + 2 * decode_s(headline))
     parts["generation"] = sum(generate_s(headline, B, max(2, tokens // 2)) for B in batches)
-    if compile:
-        parts["compiled decoding"] = 2 * COMPILE_S + 4 * generate_s(torch.float32) + 8 * decode_s(torch.float32)
+    if c_step:  # its build: a second at most
+        parts["decoding with the C step"] = 1.0 + 4 * generate_s(torch.float32) + 8 * decode_s(torch.float32)
     return parts
 
 
@@ -433,7 +424,7 @@ class Plan:
 # the parts a plan may skip: the base figures (the fp32 peak, the bandwidth) are always measured
 SKIPPABLE = ("bf16 matmul peak", "training in float32", "training in bfloat16", "compiled training in float32",
              "compiled training in bfloat16", "decoding with float32 weights", "decoding with bfloat16 weights",
-             "decoding in the headline precision", "generation", "compiled decoding")
+             "decoding in the headline precision", "generation", "decoding with the C step")
 
 
 def minutes(seconds: float) -> str:
@@ -529,15 +520,16 @@ def main(argv: list[str] | None = None) -> dict:
                    help="the headline precision (auto: bf16 where native); training and decoding are timed in both")
     p.add_argument("--json", type=writable_file, help="also write every figure (and the profiler tables) here")
     p.add_argument("--quick", action="store_true", help="fewer steps and repeats, smaller ceilings")
-    p.add_argument("--compile", action="store_true", help="also time the bf16 training step and the cached "
-                   "decoding step in C (mvgpt/perf/fast_decode.py)")
+    p.add_argument("--compile", action="store_true", help="also time the training steps through torch.compile")
+    p.add_argument("--c-step", action="store_true", help="also time the one-token step in C "
+                   "(mvgpt/perf/one_token.c) beside the eager one, and its build")
     p.add_argument("--threads", type=positive_int, help="torch's CPU threads (default: torch's, one per core)")
     p.add_argument("--no-tune-malloc", action="store_true", help="leave glibc's malloc as it is")
     p.add_argument("--batches", type=positive_ints, default="1,8,32", help="batch sizes for generation with the cache")
     p.add_argument("--note", default="", help="a line on the conditions, kept with the figures (e.g. a busy machine)")
     p.add_argument("--only", type=lambda text: tuple(text.split(",")), default=(),
                    help="only the parts named by these words, e.g. decoding,generation (the ceilings always; "
-                        "words: training, float32, bfloat16, decoding, generation, compiled)")
+                        "words: training, float32, bfloat16, decoding, generation, compiled, C step)")
     p.add_argument("--limit-minutes", type=positive_float, default=LIMIT_MINUTES,
                    help="skip any part estimated to take longer than this here (default %(default)g: bf16 where "
                         "it is emulated)")
@@ -566,7 +558,8 @@ def main(argv: list[str] | None = None) -> dict:
     # the plan: a probe of the machine, each part's time from it, and what would take too long here
     rates = probe(device)
     plan = Plan(estimate_parts(rates, learned, rope, device, args.batch_size, dtype, quick, args.compile, threads,
-                               args.batches, not args.no_tune_malloc), 60 * args.limit_minutes, rates, args.only)
+                               args.batches, not args.no_tune_malloc, args.c_step), 60 * args.limit_minutes, rates,
+                args.only)
     for line in plan.lines():
         print(line, flush=True)
     runs = plan.runs
@@ -659,10 +652,14 @@ def main(argv: list[str] | None = None) -> dict:
         "generation": generation,
         "goals": GOALS,
     }
-    if args.compile and runs("compiled decoding"):
-        result["compiled_decoding"] = bench_compiled_decoding(make_model(rope, device), device, tokens, repeats)
-        print(f"decoding with the C step: {result['compiled_decoding']['ms']:.2f} ms/token after "
-              f"{result['compiled_decoding']['compile_s']:.1f} s of building it", flush=True)
+    if args.c_step and runs("decoding with the C step"):
+        c_step = bench_c_step(make_model(rope, device), device, tokens, repeats)
+        if isinstance(c_step, str):
+            print(f"decoding with the C step: not timed: {c_step}", flush=True)
+        else:
+            result["c_step"] = c_step
+            print(f"decoding with the C step: {c_step['ms']:.2f} ms/token after {c_step['build_s']:.1f} s of "
+                  "building it", flush=True)
     result["seconds"] = time.perf_counter() - started
 
     print()
@@ -730,12 +727,12 @@ def summary_rows(result: dict) -> list[tuple[str, str, str, str, str]]:
             rows.append((f"decoding, sliding cache, {d['dtype']}, {n} thread{'s' if int(n) > 1 else ''}",
                          f"{ms:.2f} ms/token", f"floor {d['floor_ms']:.2f} ms ({d['floor_bytes'] / 1e6:.1f} MB read)",
                          f"{ms / d['floor_ms']:.2f}x floor", ""))
-    if "compiled_decoding" in result:
-        k = result["compiled_decoding"]
+    if "c_step" in result:
+        k = result["c_step"]
         pays = f"pays after {k['break_even_tokens']:,.0f} tokens" if k["break_even_tokens"] else "never pays"
         rows.append(("decoding, sliding cache, float32, the C step (fast_decode.py)",
                      f"{k['ms']:.2f} ms/token, {k['speedup']:.2f}x eager's {k['eager_ms']:.2f} side by side "
-                     f"(building it {k['compile_s']:.1f} s: {pays})", "", "", ""))
+                     f"(building it {k['build_s']:.1f} s: {pays})", "", "", ""))
     if "rerun_ms" in d:
         rows.append((f"decoding, re-run window (learned, {result['config']['block_size']}), {d['dtype']}",
                      f"{d['rerun_ms']:.1f} ms/token",

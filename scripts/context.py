@@ -8,6 +8,10 @@ end of the first window on, three ways:
   window (rope only: a learned position's keys and values change as the window moves);
 - full_losses: all tokens at once, each attending to everything before it (rope only: learned
   positions stop at the window), further back than the model ever saw in training.
+All three run model.py's own steps, as the episode measured them: PyTorch against PyTorch. Beside them,
+for a rope model, one more row, "sliding cache, C step": the same sliding cache with the one-token step
+in C (mvgpt/perf/one_token.c), the same losses to float rounding, where it builds and covers the model
+(--decode-step auto or c; --decode-step model leaves it out).
 Reading further than the training context (scaled angles, sinks, dynamic NTK): long_context.py.
 Pointed at `checkpoints/*`, it reads every model there (a LoRA folder as its base with the adapter
 applied) and says in one line what it skipped and why (mvgpt/checkpoint.py).
@@ -16,6 +20,7 @@ Examples:
     python scripts/context.py checkpoints/* --device cpu
     python scripts/context.py checkpoints/pretrain-rope --streams 2 --json results/context.json
     python scripts/context.py /tmp/tiny --data-dir /tmp/tinydata --length 96 --streams 1   # tiny, seconds
+    python scripts/context.py checkpoints/pretrain-rope --decode-step model   # the three methods alone
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from mvgpt.device import machine, pick_device, sync
 from mvgpt.kit.errors import ArgumentParser, at_least, run_main, writable_file
 from mvgpt.kit.io import write_json
 from mvgpt.model import GPT, KVCache
-from mvgpt.perf.fast_decode import built, eager_because, use_fast_decode
+from mvgpt.perf.fast_decode import FastDecode, add_decode_step_arg, c_step
 
 
 @torch.no_grad()
@@ -49,14 +54,17 @@ def window_losses(model: GPT, stream: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def cache_losses(model: GPT, stream: torch.Tensor, slide: bool = True, cache: KVCache | None = None) -> torch.Tensor:
+def cache_losses(model: GPT, stream: torch.Tensor, slide: bool = True, cache: KVCache | None = None,
+                 step: Callable[[torch.Tensor, KVCache], torch.Tensor] | None = None) -> torch.Tensor:
     """The same tokens through the KV cache, one at a time; once the cache holds a whole window,
     slide drops the oldest token, so each prediction sees the same 256 tokens as the window.
 
     slide=False: the cache keeps everything and the model reads the whole stream (set a context
     that long first: long_context.set_context). cache: one to fill instead of a new one (a
-    long_context.SinkCache, say).
+    long_context.SinkCache, say). step: the one-token step (default model.decode; a FastDecode: the
+    C step).
     """
+    step = step or model.decode
     W = model.config.block_size
     if cache is None:
         cache = model.new_cache(model.config, stream.shape[0], None if slide else stream.shape[1], stream.device)
@@ -64,7 +72,7 @@ def cache_losses(model: GPT, stream: torch.Tensor, slide: bool = True, cache: KV
     for t in range(stream.shape[1] - 1):
         if slide and cache.length == W:
             cache.slide(W - 1)
-        logits = model.decode(stream[:, t : t + 1], cache)  # the C step, where load() put it
+        logits = step(stream[:, t : t + 1], cache)
         if t + 1 >= W:
             losses.append(F.cross_entropy(logits[:, -1].float(), stream[:, t + 1]))
     return torch.stack(losses)
@@ -84,6 +92,7 @@ LOSS_METHODS: dict[str, Callable[[GPT, torch.Tensor], torch.Tensor]] = {
     "sliding cache": cache_losses,
     "full context": full_losses,
 }
+C_STEP = "sliding cache, C step"  # the row after "sliding cache": the same method, the one-token step in C
 
 
 def timed(method: Callable, model: GPT, stream: torch.Tensor) -> tuple[torch.Tensor, float]:
@@ -125,9 +134,24 @@ def title(streams: int, length: int) -> str:
             "first window")
 
 
-def past_window(args: argparse.Namespace, models: list[tuple[str, GPT]], streams: list[torch.Tensor]) -> dict:
-    """The episode's table: each model and method, its loss past the first window and ms/token."""
-    rows, notes = [], []
+def c_steps(args: argparse.Namespace, models: list[tuple[str, GPT]]) -> dict[str, FastDecode]:
+    """The C step of each rope model it builds for and covers, unless --decode-step model; one line for each
+    rope model saying whether it gets the C step's row, and why not."""
+    steps = {}
+    for name, model in models:
+        if model.config.rope and args.decode_step != "model":
+            fast, said = c_step(model)  # built here, once: its build is not in the row's time
+            print(f"{name}: a row for {said} too" if fast else f"{name}: no row for the C step: {said}")
+            if fast:
+                steps[name] = fast
+    return steps
+
+
+def past_window(args: argparse.Namespace, models: list[tuple[str, GPT]], streams: list[torch.Tensor],
+                fast: dict[str, FastDecode] | None = None) -> dict:
+    """The episode's table: each model and method, its loss past the first window and ms/token; and for a
+    model in `fast`, the sliding cache again with its C step."""
+    rows, notes, fast = [], [], fast or {}
     windows_seen = set()
     for name, model in models:
         W = model.config.block_size
@@ -143,6 +167,9 @@ def past_window(args: argparse.Namespace, models: list[tuple[str, GPT]], streams
                          "cannot see further: the sliding window alone")
         for method in methods:
             rows.append({**score(name, method, LOSS_METHODS[method], model, streams), "window": W})
+            if method == "sliding cache" and name in fast:
+                c_losses = lambda m, s, step=fast[name]: cache_losses(m, s, step=step)  # noqa: E731
+                rows.append({**score(name, C_STEP, c_losses, model, streams), "window": W})
     if not rows:
         raise SystemExit(f"error: --length {args.length} does not reach past any model's window: make it longer")
     print_rows(title(len(streams), args.length), rows, notes)
@@ -152,19 +179,12 @@ def past_window(args: argparse.Namespace, models: list[tuple[str, GPT]], streams
 
 def load(args: argparse.Namespace) -> tuple[torch.device, list[tuple[str, GPT]], object]:
     """The device, (name, model) for each model the paths hold (a LoRA folder: its base with the
-    adapter), and the held-out tokens. What is not a model is skipped, in one line."""
+    adapter), and the held-out tokens. What is not a model is skipped, in one line. Each model keeps
+    model.py's own one-token step."""
     device = pick_device(args.device)
     val = load_tokens(args.data_dir, "val")
     tok_hash = data_tokenizer_hash(args.data_dir)
     models = read_models(args.checkpoints, device, tok_hash)
-    for name, model in models:  # the cache's one-token steps in C, where that pays for these streams
-        if not model.config.rope:
-            continue
-        tokens = args.streams * (args.length or 3 * model.context)
-        if fast := use_fast_decode(model, tokens):
-            print(f"{name}: its one-token step runs in C ({built(fast)})")
-        elif why := eager_because(model, tokens):
-            print(f"{name}: its one-token step stays eager: {why}, which mvgpt/perf/one_token.c does not cover")
     torch.manual_seed(0)
     return device, models, val
 
@@ -201,11 +221,16 @@ def parser(doc: str = __doc__) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    args = parser().parse_args(argv)
+    p = parser()
+    add_decode_step_arg(p, help="the sliding cache's one-token step: model.py's always; auto and c add a row with "
+                                "the C step (mvgpt/perf/one_token.c) for each rope model it builds for and covers; "
+                                "model leaves that row out (default %(default)s)")
+    args = p.parse_args(argv)
     device, models, val = load(args)
     args.length = args.length or 3 * min(model.config.block_size for _, model in models)
+    fast = c_steps(args, models)
     t0 = time.perf_counter()
-    result = past_window(args, models, held_out_streams(args, val, device))
+    result = past_window(args, models, held_out_streams(args, val, device), fast)
     return finish(args, device, {**result, "seconds": time.perf_counter() - t0})
 
 

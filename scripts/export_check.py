@@ -281,8 +281,9 @@ def claim_outputs(args: argparse.Namespace) -> None:
             claim_file(target, "export", overwrite=args.overwrite, reads=reads)
         else:
             claim(target, "export", "export", overwrite=args.overwrite, reads=reads)
-    if args.json:
-        claim_file(args.json, "--json", reads=reads)
+    if args.json:  # nor over an export this check writes, whole (a .gguf) or a file of it
+        making = [("the export", target, None if args.gguf else "export") for target in args.targets.values()]
+        claim_file(args.json, "--json", reads=reads, making=making)
 
 
 def main(argv: list[str] | None = None) -> list[dict] | dict:

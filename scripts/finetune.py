@@ -31,17 +31,16 @@ from __future__ import annotations
 
 import argparse
 import copy
-import math
 import signal
 import time
-from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 
-from mvgpt.checkpoint import checkpoint_path, load_model, save_checkpoint
+from mvgpt.checkpoint import checkpoint_in, checkpoint_path, load_model, save_checkpoint
 from mvgpt.data import DATA_DIR, data_tokenizer_hash
-from mvgpt.device import machine, pick_device
+from mvgpt.device import CHOICES as DTYPE_CHOICES
+from mvgpt.device import dtype_name, machine, pick_device, resolve_dtype
 from mvgpt.instruct import (
     IGNORE,
     example_rows,
@@ -57,23 +56,17 @@ from mvgpt.kit.errors import (
     ArgumentParser,
     UserError,
     non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
     run_main,
     seed,
     writable_file,
     writable_folder,
 )
 from mvgpt.kit.io import write_json
-from mvgpt.kit.runfolder import (
-    LossWatch,
-    RunLock,
-    Scalars,
-    all_finite,
-    append_line,
-    claim,
-    claim_file,
-    diverged,
-    read_log,
-)
+from mvgpt.kit.runfolder import RunLock, claim, claim_file
+from mvgpt.kit.runlog import RunLog, read_log
 from mvgpt.lora import (
     DEFAULT_ALPHA,
     DEFAULT_RANK,
@@ -81,6 +74,7 @@ from mvgpt.lora import (
     apply_lora,
     load_adapter,
     lora_parameters,
+    max_rank,
     merge,
     read_adapter,
     save_adapter,
@@ -89,6 +83,9 @@ from mvgpt.lora import (
 )
 from mvgpt.model import GPT
 from mvgpt.tokenizer import Tokenizer
+from mvgpt.train import LossWatch, Step, StopSignals, all_finite, diverged, lr_at
+
+TAGS = {"loss": "loss/train_story", "lr": "lr", "val_loss": "loss/held_out_story"}  # log.jsonl's keys in TensorBoard
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -97,69 +94,53 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="the base: a run folder or checkpoint")
     p.add_argument("--data-dir", default=str(DATA_DIR))
     p.add_argument("--out-dir", help="run folder (default: checkpoints/lora-rope, or lora for learned positions)")
-    p.add_argument("--runs-dir", default="runs", help="TensorBoard logs, one folder per run")
-    p.add_argument("--rank", type=int, help=f"rank r of each update (default {DEFAULT_RANK}: about 2%% of 6 x 384)")
-    p.add_argument("--alpha", type=float, help=f"the update is scaled by alpha / r (default {DEFAULT_ALPHA:g})")
-    p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--warmup", type=int, default=10, help="warm-up steps")
+    p.add_argument("--runs-dir", type=writable_folder, default="runs", help="TensorBoard logs, one folder per run")
+    p.add_argument("--rank", type=positive_int,
+                   help=f"rank r of each update (default {DEFAULT_RANK}: about 2%% of 6 x 384)")
+    p.add_argument("--alpha", type=positive_float,
+                   help=f"the update is scaled by alpha / r (default {DEFAULT_ALPHA:g})")
+    p.add_argument("--lr", type=positive_float, default=2e-3)
+    p.add_argument("--warmup", type=non_negative_int, default=10, help="warm-up steps")
     p.add_argument("--grad-clip", type=non_negative_float, default=1.0, help="gradient norm clip (0: none)")
-    p.add_argument("--batch-size", type=int, default=8, help="examples (prompt + story) per step")
-    p.add_argument("--max-steps", type=int, default=150, help="the schedule's length, and a stop")
-    p.add_argument("--minutes", type=float, default=0.0, help="time budget for training (0: none)")
-    p.add_argument("--eval-every", type=int, default=25)
-    p.add_argument("--eval-examples", type=int, default=64, help="held-out examples for the story loss")
-    p.add_argument("--ckpt-every", type=int, default=25)
+    p.add_argument("--batch-size", type=positive_int, default=8, help="examples (prompt + story) per step")
+    p.add_argument("--max-steps", type=positive_int, default=150, help="the schedule's length, and a stop")
+    p.add_argument("--minutes", type=non_negative_float, default=0.0, help="time budget for training (0: none)")
+    p.add_argument("--eval-every", type=positive_int, default=25)
+    p.add_argument("--eval-examples", type=positive_int, default=64, help="held-out examples for the story loss")
+    p.add_argument("--ckpt-every", type=positive_int, default=25)
     p.add_argument("--seed", type=seed, default=1337, help="A's draw, the batches and the measured stories")
     p.add_argument("--device", help="cpu, cuda, mps (default: the best present)")
+    p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
+                   help="the adapters' products in bfloat16 (weights stay float32) or float32; auto: bf16 where native")
     p.add_argument("--resume", action="store_true",
                    help="continue the run folder's adapter (its rank, alpha and base; other flags may change)")
     p.add_argument("--overwrite", action="store_true",
                    help="start again in a run folder that holds an adapter; with --merge, replace OUT's checkpoint")
-    p.add_argument("--prompts", type=int, default=24, help="held-out prompts measured after training (0: none)")
-    p.add_argument("--gen-tokens", type=int, default=160, help="at most this many tokens per measured story")
-    p.add_argument("--temperature", type=float, default=0.8, help="of the measured stories")
-    p.add_argument("--top-k", type=int, default=50)
+    p.add_argument("--prompts", type=non_negative_int, default=24,
+                   help="held-out prompts measured after training (0: none)")
+    p.add_argument("--gen-tokens", type=positive_int, default=160, help="at most this many tokens per measured story")
+    p.add_argument("--temperature", type=non_negative_float, default=0.8, help="of the measured stories (0: greedy)")
+    p.add_argument("--top-k", type=positive_int, default=50)
     p.add_argument("--measure", action="store_true", help="only measure the run folder's adapter, no training")
     p.add_argument("--merge", metavar="OUT", type=writable_folder,
                    help="only write base + the run folder's adapter, merged, to OUT")
     p.add_argument("--json", type=writable_file, help="write the summary (losses, share, sizes, measurements) here")
     args = p.parse_args(argv)
-    checks = [
-        (args.rank is None or args.rank >= 1, "--rank must be at least 1"),
-        (args.alpha is None or 0 < args.alpha < math.inf, "--alpha must be positive"),
-        (args.lr > 0 and math.isfinite(args.lr), "--lr must be a positive number"),
-        (args.warmup >= 0, "--warmup must be >= 0"),
-        (args.batch_size >= 1, "--batch-size must be at least 1"),
-        (args.max_steps >= 1, "--max-steps must be at least 1"),
-        (0 <= args.minutes < math.inf, "--minutes must be >= 0 (0: no time limit)"),
-        (args.eval_every >= 1 and args.ckpt_every >= 1, "--eval-every and --ckpt-every must be at least 1"),
-        (args.eval_examples >= 1, "--eval-examples must be at least 1"),
-        (args.prompts >= 0, "--prompts must be >= 0 (0: no measurement)"),
-        (args.gen_tokens >= 1, "--gen-tokens must be at least 1"),
-        (0 <= args.temperature < math.inf, "--temperature must be >= 0 (0 is greedy)"),
-        (args.top_k >= 1, "--top-k must be at least 1"),
-        (not (args.measure and args.merge), "--measure and --merge are separate steps: run one, then the other"),
-        (not (args.resume and (args.measure or args.merge)), "--resume trains: drop it with --measure or --merge"),
-        (not (args.resume and args.overwrite), "--resume and --overwrite contradict each other: pick one"),
-        (not (args.measure and args.overwrite), "--measure writes no adapter: drop --overwrite"),
-        (not (args.measure and args.prompts == 0), "--measure needs --prompts of at least 1"),
-    ]
-    for ok, message in checks:
-        if not ok:
-            raise SystemExit(f"error: {message}")
+    for clash, message in [
+        (args.measure and args.merge, "--measure and --merge are separate steps: run one, then the other"),
+        (args.resume and (args.measure or args.merge), "--resume trains: drop it with --measure or --merge"),
+        (args.resume and args.overwrite, "--resume and --overwrite contradict each other: pick one"),
+        (args.measure and args.overwrite, "--measure writes no adapter: drop --overwrite"),
+        (args.measure and args.prompts == 0, "--measure needs --prompts of at least 1"),
+    ]:
+        if clash:
+            p.error(message)
     return args
 
 
-def run_name(model: GPT) -> str:
-    return "lora-rope" if model.config.rope else "lora"
-
-
-def lr_at(step: int, args: argparse.Namespace) -> float:
-    """Linear warm-up, then cosine decay to a tenth of --lr at --max-steps."""
-    if step < args.warmup:
-        return args.lr * (step + 1) / args.warmup
-    progress = min(1.0, (step - args.warmup) / max(1, args.max_steps - args.warmup))
-    return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+def default_out_dir(model: GPT) -> Path:
+    """checkpoints/lora-rope for a rope base, checkpoints/lora for learned positions."""
+    return Path("checkpoints") / ("lora-rope" if model.config.rope else "lora")
 
 
 @torch.no_grad()
@@ -255,7 +236,7 @@ def merge_to(out: str, base: GPT, base_state: dict, args: argparse.Namespace, to
             "alpha": state["alpha"], "steps": state.get("step"), "args": state.get("args")}
     with RunLock(out):  # no training writes into OUT meanwhile
         claim(out, "checkpoint", "--merge", overwrite=args.overwrite, reads=reads)
-        path = save_checkpoint(out, base, tokenizer_hash=tok_hash, step=base_state.get("step"),
+        path = save_checkpoint(checkpoint_in(out), base, tokenizer_hash=tok_hash, step=base_state.get("step"),
                                args=base_state.get("args"), lora=lora)
     print(f"merged {adapter_path(out_dir)} into {args.init_from} -> {path} ({path.stat().st_size / 1e6:.1f} MB)")
     return {"merged": str(path)}
@@ -311,18 +292,21 @@ def train(model: GPT, args: argparse.Namespace, device, tok_hash: str | None, ou
     log_path = out_dir / "log.jsonl"
 
     params, optimizer, step, elapsed, losses = start_or_resume(model, args, out_dir, tok_hash, log_path)
+    dtype = resolve_dtype(args.dtype, device)
+    args.dtype = dtype_name(dtype)  # the dtype used, in the adapter's args and the summary
     trainable, total = trainable_share(model)
-    print(f"{run_name(model)}: LoRA rank {args.rank}, alpha {args.alpha:g} on {len(params) // 2} linear layers: "
-          f"{trainable:,} trainable weights of {total:,} ({trainable / total:.2%}), base {args.init_from} frozen")
+    print(f"{out_dir.name}: LoRA rank {args.rank}, alpha {args.alpha:g} on {len(params) // 2} linear layers: "
+          f"{trainable:,} trainable weights of {total:,} ({trainable / total:.2%}), base {args.init_from} frozen, "
+          f"on {device} in {args.dtype}")
 
-    from tqdm import tqdm
-
-    writer = Scalars(Path(args.runs_dir) / out_dir.name, purge_step=step + 1 if step else None)
     out_dir.mkdir(parents=True, exist_ok=True)
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
+    # the one training step (mvgpt/train.py): the adapters train, in the run's precision (bf16 products where
+    # native, as in pretraining); the loss is on the story tokens only
+    train_step = Step(model, optimizer, device, dtype, grad_clip=args.grad_clip,
+                      loss=lambda x, y: story_loss(model, x, y))
     budget = args.minutes * 60 if args.minutes else float("inf")
     val_loss, evaluated_at = None, None
-    watch, saved_at, start = LossWatch(losses), step, step  # has the fine-tune diverged? (mvgpt/kit/runfolder.py)
+    watch, saved_at, start = LossWatch(losses), step, step  # has the fine-tune diverged? (mvgpt/train.py)
 
     def save() -> Path:
         """Save the adapter, only from sane weights: finite, and their held-out story loss (this
@@ -339,66 +323,44 @@ def train(model: GPT, args: argparse.Namespace, device, tok_hash: str | None, ou
                             elapsed=elapsed, losses=losses, val_loss=val_loss, base=str(args.init_from),
                             args=vars(args))
 
-    def log(record: dict) -> None:
-        append_line(log_path, record, record["step"])
-
-    stop = {"signal": None}
-    previous = {s: signal.signal(s, lambda signum, frame: stop.update(signal=signum))
-                for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        bar = tqdm(total=args.max_steps, initial=step, unit="step", dynamic_ncols=True, disable=None)
-        model.train()
-        while step < args.max_steps and elapsed < budget:
-            t0 = time.perf_counter()
-            lr = lr_at(step, args)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            x, y = instruct_batch(*train_data, args.batch_size, T, args.seed, step)
-            with autocast:
-                loss = story_loss(model, x.to(device), y.to(device))
-            problem = watch.step(loss.item(), step + 1)  # non-finite, or run away
-            if problem:
-                raise diverged(problem, out_dir, saved_at, "adapter")
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if args.grad_clip:
-                torch.nn.utils.clip_grad_norm_(params, args.grad_clip)
-            optimizer.step()
-            step += 1
-            elapsed += time.perf_counter() - t0
-            losses.append(loss.item())
-            record = {"step": step, "loss": loss.item(), "lr": lr, "elapsed": elapsed}
-            if step % args.eval_every == 0 or step == args.max_steps:
-                t1 = time.perf_counter()
-                val_loss, evaluated_at = held_out_story_loss(model, rows, device), step
-                elapsed += time.perf_counter() - t1
-                record["val_loss"] = val_loss
-                writer.add("loss/held_out_story", val_loss, step)
-            log(record)
-            writer.add("loss/train_story", loss.item(), step)
-            writer.add("lr", lr, step)
-            bar.set_postfix(loss=f"{loss.item():.3f}")
-            bar.update(1)
-            if step % args.ckpt_every == 0:
-                save()
-            if stop["signal"] is not None:
-                save()
-                bar.close()
-                print(f"interrupted at step {step}: saved {out_dir}; continue with --resume")
-                raise SystemExit(130 if stop["signal"] == signal.SIGINT else 143)
-        bar.close()
-        if step == start:  # resumed when it had finished: nothing trained, the adapter stays as it is
-            val_loss, path = read_adapter(out_dir).get("val_loss"), adapter_path(out_dir)
-        else:
-            if evaluated_at != step:
-                val_loss, evaluated_at = held_out_story_loss(model, rows, device), step
-                log({"step": step, "val_loss": val_loss, "elapsed": elapsed})
-                writer.add("loss/held_out_story", val_loss, step)
-            path = save()
-    finally:  # give the caller (a test, say) its own handlers back
-        writer.close()
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+    log = RunLog(out_dir, args.runs_dir, step, args.max_steps, tags=TAGS)
+    with StopSignals() as stop:
+        try:
+            model.train()
+            while step < args.max_steps and elapsed < budget:
+                t0 = time.perf_counter()
+                # warm-up, then cosine to a tenth of --lr at --max-steps (mvgpt/train.py)
+                lr = lr_at(step, args.lr, args.warmup, 0.1, args.max_steps)
+                x, y = instruct_batch(*train_data, args.batch_size, T, args.seed, step)
+                loss, _ = train_step(x, y, lr)
+                loss_value = loss.item()
+                problem = watch.step(loss_value, step + 1)  # non-finite, or run away: stop before any save
+                if problem:
+                    raise diverged(problem, out_dir, saved_at, "adapter")
+                step += 1
+                elapsed += time.perf_counter() - t0
+                losses.append(loss_value)
+                record = {"step": step, "loss": loss_value, "lr": lr, "elapsed": elapsed}
+                if step % args.eval_every == 0 or step == args.max_steps:
+                    t1 = time.perf_counter()
+                    val_loss, evaluated_at = held_out_story_loss(model, rows, device), step
+                    elapsed += time.perf_counter() - t1
+                    record["val_loss"] = val_loss
+                log.write(record)
+                if step % args.ckpt_every == 0 or stop.signal is not None:
+                    save()
+                if stop.signal is not None:
+                    log.say(f"interrupted at step {step}: saved {out_dir}; continue with --resume")
+                    raise SystemExit(130 if stop.signal == signal.SIGINT else 143)
+            if step == start:  # resumed when it had finished: nothing trained, the adapter stays as it is
+                val_loss, path = read_adapter(out_dir).get("val_loss"), adapter_path(out_dir)
+            else:
+                if evaluated_at != step:
+                    val_loss, evaluated_at = held_out_story_loss(model, rows, device), step
+                    log.write({"step": step, "val_loss": val_loss, "elapsed": elapsed})
+                path = save()
+        finally:
+            log.close()
     size = path.stat().st_size
     base_size = checkpoint_path(args.init_from).stat().st_size
     shown = "-" if val_loss is None else f"{val_loss:.4f}"
@@ -415,10 +377,16 @@ def main(argv: list[str] | None = None) -> dict:
     if tok_hash is None:
         raise SystemExit(f"error: no complete prepared data in {args.data_dir}: run `python scripts/prepare.py` first")
     base, base_state = load_model(args.init_from, device, tok_hash)
-    out_dir = Path(args.out_dir or Path("checkpoints") / run_name(base))
+    if args.rank is not None and args.rank > max_rank(base):
+        raise UserError(f"--rank {args.rank} makes an update larger than the layer it adapts (this model's smallest "
+                        f"takes rank {max_rank(base)} at most): give a smaller --rank (default {DEFAULT_RANK})")
+    out_dir = Path(args.out_dir) if args.out_dir else default_out_dir(base)
     reads = {"--init-from": checkpoint_path(args.init_from), "--data-dir": args.data_dir}
-    if args.json:
-        claim_file(args.json, "--json", reads=reads)
+    if args.json:  # never over an input, nor over a file of the adapter or the merge this command makes
+        adapter = {"--out-dir (the adapter)": adapter_path(out_dir)} if args.measure or args.merge else {}
+        making = [("--merge", args.merge, "checkpoint")] if args.merge else [] if args.measure else [
+            ("--out-dir", out_dir, "lora")]
+        claim_file(args.json, "--json", reads=reads | adapter, making=making)
     if args.merge:
         return merge_to(args.merge, base, base_state, args, tok_hash, out_dir)
     if not args.measure:  # the run folder: ours alone (mvgpt/kit/runfolder.py), checked again once it is locked

@@ -8,6 +8,8 @@ The lab beside context.py (whose streams, scoring and table this reuses), in thr
   story's first K tokens (attention sinks), at their positions or shifted so no distance
   exceeds the window;
 - --dynamic: dynamic NTK through a cache against recomputing everything at each length.
+The cache's reads take model.py's own one-token step unless --decode-step says otherwise (c: the C
+step, mvgpt/perf/one_token.c, wherever it builds; auto: where its build pays for the streams).
 
 Examples:
     python scripts/long_context.py checkpoints/pretrain-rope --ctx 256 384 512 768 1024 1536 2048 \
@@ -16,6 +18,7 @@ Examples:
     python scripts/long_context.py checkpoints/pretrain-rope --dynamic --length 512 --streams 2 \
         --json results/dynamic.json
     python scripts/long_context.py /tmp/tiny --data-dir /tmp/tinydata --sinks 2 --streams 1   # tiny, seconds
+    python scripts/long_context.py checkpoints/pretrain-rope --sinks 4 --decode-step c   # the cache's steps in C
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from mvgpt.extension.memory import kv_bytes_per_token, peak_forward_bytes
 from mvgpt.extension.rope_scaling import SCALING_METHODS
 from mvgpt.kit.errors import at_least, positive_float, run_main
 from mvgpt.model import GPT
+from mvgpt.perf.fast_decode import add_decode_step_arg, use_decode_step
 
 
 @torch.no_grad()
@@ -175,6 +179,9 @@ def main(argv: list[str] | None = None) -> dict:
                    help="linear's fixed factor (default: largest --ctx / training ctx)")
     p.add_argument("--sweep-tokens", type=at_least(1), default=16384, help="held-out tokens read per sweep cell")
     p.add_argument("--no-memory", dest="memory", action="store_false", help="skip the sweep's memory table")
+    add_decode_step_arg(p, default="model", help="the one-token step of the cache's reads (--sinks, --dynamic): "
+                        "model (model.py's own; default), c (the C step, mvgpt/perf/one_token.c, wherever it "
+                        "builds), auto (the C step where its build pays for the streams)")
     args = p.parse_args(argv)
 
     device, models, val = load(args)
@@ -182,6 +189,9 @@ def main(argv: list[str] | None = None) -> dict:
         return finish(args, device, sweep(args, models, val))
     args.length = args.length or (4 if args.sinks is not None else 3) * min(m.config.block_size for _, m in models)
     streams = held_out_streams(args, val, device)
+    for name, model in models:
+        if model.config.rope and args.decode_step != "model":  # rope alone reads through the cache here
+            print(f"{name}: {use_decode_step(model, args.decode_step, len(streams) * args.length)}")
     table = sinks_table if args.sinks is not None else dynamic_table
     return finish(args, device, table(args, models, streams))
 

@@ -84,6 +84,12 @@ def run(step: list[str], env: dict) -> None:
         raise SystemExit(code)
 
 
+def terminated(signum: int, frame: object) -> None:
+    sys.stderr.write("terminated (SIGTERM): nothing is lost: run the same command again: the steps done are "
+                     "skipped, training resumes\n")
+    raise SystemExit(143)
+
+
 def flag_value(step: list[str], flag: str) -> str | None:
     """The value a step's command line gives `flag`, if any."""
     return step[step.index(flag) + 1] if flag in step else None
@@ -179,7 +185,7 @@ def plan_job(args: argparse.Namespace, data: Path, ckpts: Path, results: Path, s
     (mvgpt/perf/plan.py); returns (the Progress that says the time left after each stage, the steps)."""
     from mvgpt.device import dtype_name, resolve_dtype
     from mvgpt.model import GPTConfig
-    from mvgpt.perf.plan import Job, Progress, measure, stages, steps_for
+    from mvgpt.perf.plan import STEP_FLOOR, Job, Progress, below_floor, measure, stages, steps_for
 
     device = pick_device(args.device)
     dtype = resolve_dtype("auto", device)  # as pretrain.py --dtype auto will
@@ -207,12 +213,23 @@ def plan_job(args: argparse.Namespace, data: Path, ckpts: Path, results: Path, s
     lora_left = not args.tiny and "LoRA fine-tune" not in skipped
     rates = measure(learned, rope, device, dtype, compile=not args.tiny, batch_size=batch_size,
                     training=not trained or lora_left)
-    steps = steps or steps_for(rates, cap=STEPS)
+    if steps is None and not args.tiny and below_floor(rates) and rates.busy():  # a busy moment: once more
+        print(f"the machine looks busy ({rates.busy()}): measuring again", flush=True)
+        rates = measure(learned, rope, device, dtype, compile=True, batch_size=batch_size)
+    if steps is None and not args.tiny and (why := below_floor(rates)):
+        raise UserError(why)
+    if steps is None:
+        fits = steps_for(rates, cap=STEPS)
+        steps = fits if args.tiny else max(fits, STEP_FLOOR)
+    if rates.busy():  # the plan is planned again after each stage, from what the stages took
+        print(f"note: the machine looks busy ({rates.busy()}): the plan's times may be long", flush=True)
     job = Job(steps=steps, val_tokens=(data / "val.bin").stat().st_size // 2, mixed=dtype_name(dtype) != "float32",
               config=rope, batch_size=batch_size, finetune_steps=args.finetune_steps, lora_steps=args.lora_steps,
               lora=not args.tiny, report=not args.tiny, done=done, skipped=skipped)
     progress = Progress(stages(rates, job), started=started, say=lambda text: print(text, flush=True))
-    chosen = "as asked" if args.max_steps else "as before" if before else "about ten minutes for the first kind here"
+    chosen = "as asked" if args.max_steps else "as before" if before else (
+        "the floor for a useful model: this machine is slow" if steps > steps_for(rates, cap=STEPS) else
+        "about ten minutes for the first kind here")
     progress.show(f"{steps:,} steps each, {chosen}; {rates.line()}")
     return progress, steps
 
@@ -231,6 +248,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--tiny", action="store_true", help="a tiny model and vocabulary: checks the pipeline")
     args = p.parse_args(argv)
     started = time.perf_counter()
+    # SIGTERM between the steps (measuring the machine, say) ends the job as Ctrl-C does: one line, and the
+    # same command later goes on from where it stopped. While a step runs, run() passes it on to the step.
+    signal.signal(signal.SIGTERM, terminated)
 
     out = Path(args.out or ("tiny" if args.tiny else "."))  # a tiny check never overwrites the real results
     data, ckpts, runs, results = out / "data", out / "checkpoints", out / "runs", out / "results"

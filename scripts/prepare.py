@@ -70,7 +70,8 @@ def main(argv: list[str] | None = None) -> dict:
             claim(data_dir, "data", "--data-dir", overwrite=args.force, overwrite_flag="--force")
     source = resolve_source(args.source, data_dir, args.max_train_mb)
     if args.json:
-        claim_file(args.json, "--json", reads={f"--source ({f.name})": f for f in source_files(source)})
+        claim_file(args.json, "--json", reads={f"--source ({f.name})": f for f in source_files(source)},
+                   making=[("--data-dir", data_dir, "data")])
     meta = prepare(source, args.data_dir, args.vocab_size, args.force, replace=args.force)
     if args.json:
         write_json(args.json, data_counts(meta, ["python scripts/prepare.py", *(argv or sys.argv[1:])]))

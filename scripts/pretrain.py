@@ -51,156 +51,124 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
-from tqdm import tqdm
 
-from mvgpt.checkpoint import CHECKPOINT_NAME, checkpoint_path, config_from_dict, read_checkpoint, save_checkpoint
-from mvgpt.data import DATA_DIR, data_tokenizer_hash, get_batch, load_tokens
+from mvgpt.checkpoint import (
+    CHECKPOINT_NAME,
+    checkpoint_in,
+    checkpoint_path,
+    config_from_dict,
+    read_checkpoint,
+    save_checkpoint,
+)
+from mvgpt.data import DATA_DIR, data_tokenizer_hash, get_batch, load_tokens, tokenizer_vocab
 from mvgpt.device import CHOICES as DTYPE_CHOICES
 from mvgpt.device import autocast, dtype_name, machine, pick_device, resolve_dtype
 from mvgpt.extension.rope_scaling import SCALING_METHODS
-from mvgpt.kit.errors import UserError, run_main
-from mvgpt.kit.io import write_json
-from mvgpt.kit.runfolder import (
-    LossWatch,
-    RunLock,
-    Scalars,
-    all_finite,
-    append_line,
-    claim,
-    claim_file,
-    diverged,
-    read_log,
+from mvgpt.kit.errors import (
+    ArgumentParser,
+    UserError,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    run_main,
+    seed,
+    share,
+    writable_file,
+    writable_folder,
 )
+from mvgpt.kit.io import write_json
+from mvgpt.kit.runfolder import RunLock, claim, claim_file
+from mvgpt.kit.runlog import RunLog, read_log
 from mvgpt.model import GPT, GPTConfig
-from mvgpt.perf.cpu_attention import batched_attention_pays, use_batched_attention
 from mvgpt.perf.measure import compile_pays, tune_malloc
-from mvgpt.train import WARMUP_SHARE, WARMUP_STEPS, configure_optimizer, lr_at
+from mvgpt.train import (
+    WARMUP_SHARE,
+    WARMUP_STEPS,
+    LossWatch,
+    Step,
+    StopSignals,
+    all_finite,
+    configure_optimizer,
+    diverged,
+    lr_at,
+)
 
 EVAL_SEED = 1234  # the held-out batches are the same for every run
-DEFAULTS = {"n_layer": 6, "n_head": 6, "n_embd": 384, "block_size": 256, "rope_theta": 10000.0}  # a new model's
 MODEL_FLAGS = {"n_layer": "--n-layer", "n_head": "--n-head", "n_embd": "--n-embd", "block_size": "--block-size",
-               "rope_theta": "--rope-theta"}
-MAX_SEED = 2**63 - 1  # torch's and numpy's generators take it
+               "rope_theta": "--rope-theta"}  # a new model's shape (default: GPTConfig's), a resumed one's to check
 DEFAULT_MINUTES = 10.0  # a run without --max-steps trains this long, as the episode does
 clock = time.perf_counter  # the run's clock (tests drive the schedule with a fake one)
 
 
 # ----------------------------------------------------------------------------------------------
-# The command line: every value checked before any work
-
-
-class Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, not the usage block
-        sys.stderr.write(f"{self.prog}: error: {message} (see --help)\n")
-        raise SystemExit(2)
+# The command line: every value checked before any work (mvgpt/kit/errors.py)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    shape = GPTConfig(vocab_size=0)  # a new model's defaults
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rope", action="store_true", help="rotary position embeddings instead of a learned table")
     p.add_argument("--data-dir", default=str(DATA_DIR))
     p.add_argument("--out-dir", help="run folder (default: checkpoints/<kind>)")
-    p.add_argument("--runs-dir", default="runs", help="TensorBoard logs, one folder per run")
-    p.add_argument("--json", help="also write the run's summary here (steps, tokens/s, losses)")
-    # the model (default: these; with --resume or --init-from, the checkpoint's)
-    p.add_argument("--n-layer", type=int, help=f"blocks (default {DEFAULTS['n_layer']})")
-    p.add_argument("--n-head", type=int, help=f"attention heads (default {DEFAULTS['n_head']})")
-    p.add_argument("--n-embd", type=int, help=f"channels (default {DEFAULTS['n_embd']})")
-    p.add_argument("--block-size", type=int, help=f"training context (default {DEFAULTS['block_size']})")
-    p.add_argument("--rope-theta", type=float, help=f"rotary base (default {DEFAULTS['rope_theta']:g})")
+    p.add_argument("--runs-dir", type=writable_folder, default="runs", help="TensorBoard logs, one folder per run")
+    p.add_argument("--json", type=writable_file, help="also write the run's summary here (steps, tokens/s, losses)")
+    # the model (default: GPTConfig's; with --resume or --init-from, the checkpoint's)
+    p.add_argument("--n-layer", type=positive_int, help=f"blocks (default {shape.n_layer})")
+    p.add_argument("--n-head", type=positive_int, help=f"attention heads (default {shape.n_head})")
+    p.add_argument("--n-embd", type=positive_int, help=f"channels (default {shape.n_embd})")
+    p.add_argument("--block-size", type=positive_int, help=f"training context (default {shape.block_size})")
+    p.add_argument("--rope-theta", type=positive_float, help=f"rotary base (default {shape.rope_theta:g})")
     p.add_argument("--rope-scaling", default="none", choices=SCALING_METHODS,
                    help="with --init-from: linear trains with positions divided by --rope-factor")
-    p.add_argument("--rope-factor", type=float, help="linear factor (default: new block size / old)")
+    p.add_argument("--rope-factor", type=positive_float, help="linear factor (default: new block size / old)")
     # the optimization
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--min-lr-ratio", type=float, default=0.1, help="final lr as a share of --lr")
-    p.add_argument("--warmup", type=int, default=WARMUP_STEPS,
+    p.add_argument("--batch-size", type=positive_int, default=16)
+    p.add_argument("--lr", type=positive_float, default=2e-3)
+    p.add_argument("--min-lr-ratio", type=share, default=0.1, help="final lr as a share of --lr")
+    p.add_argument("--warmup", type=non_negative_int, default=WARMUP_STEPS,
                    help="warm-up steps (why 200: docs/pretraining.md); bounded by --minutes, at most the steps "
                         "that fit in --warmup-share of them")
-    p.add_argument("--warmup-share", type=float, default=WARMUP_SHARE,
+    p.add_argument("--warmup-share", type=share, default=WARMUP_SHARE,
                    help="bounded by --minutes, the warm-up ends by this share of them at the latest (default "
                         "%(default)g: why, mvgpt/train.py; 0: by its steps alone)")
-    p.add_argument("--weight-decay", type=float, default=0.1)
-    p.add_argument("--grad-clip", type=float, default=1.0, help="gradient norm clip (0: none)")
-    p.add_argument("--max-steps", type=int, help="train this many steps; the schedule follows the steps")
-    p.add_argument("--minutes", type=float,
+    p.add_argument("--weight-decay", type=non_negative_float, default=0.1)
+    p.add_argument("--grad-clip", type=non_negative_float, default=1.0, help="gradient norm clip (0: none)")
+    p.add_argument("--max-steps", type=positive_int, help="train this many steps; the schedule follows the steps")
+    p.add_argument("--minutes", type=non_negative_float,
                    help=f"time budget; alone, the schedule follows the clock (default {DEFAULT_MINUTES:g} "
                         "without --max-steps, none with it; 0: none)")
-    p.add_argument("--seed", type=int, default=1337, help=f"0 to {MAX_SEED}")
+    p.add_argument("--seed", type=seed, default=1337)
     # evaluation and checkpoints
-    p.add_argument("--eval-every", type=int, default=25)
-    p.add_argument("--eval-at", type=int, nargs="+", default=[], metavar="STEP",
+    p.add_argument("--eval-every", type=positive_int, default=25)
+    p.add_argument("--eval-at", type=positive_int, nargs="+", default=[], metavar="STEP",
                    help="also evaluate after these steps (e.g. each step around the learning-rate peak)")
-    p.add_argument("--eval-batches", type=int, default=8)
-    p.add_argument("--ckpt-every", type=int, default=25)
+    p.add_argument("--eval-batches", type=positive_int, default=8)
+    p.add_argument("--ckpt-every", type=positive_int, default=25)
     # where and how it runs
     p.add_argument("--device", help="cpu, cuda, mps (default: the best present)")
     p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
                    help="matrix products in bfloat16 (weights stay float32) or float32; auto: bf16 where native")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction,
-                   help="torch.compile the training step (default: where it pays, mvgpt.perf.compile_pays: "
+                   help="torch.compile the training step (default: where it pays, mvgpt.perf.measure.compile_pays: "
                         "a run bounded by five minutes or more, in bf16 on a CPU)")
     p.add_argument("--resume", action="store_true",
                    help="continue the run folder's last checkpoint: its model, with the flags above that may change")
     p.add_argument("--overwrite", action="store_true", help="start again in a run folder that has a checkpoint")
     p.add_argument("--init-from", help="start from another run's weights (e.g. for a longer context)")
     args = p.parse_args(argv)
-    problem = check_args(args)
-    if problem:
-        p.error(problem)
+    n_embd, n_head = args.n_embd or shape.n_embd, args.n_head or shape.n_head
+    if not args.resume and n_embd % n_head:
+        p.error(f"--n-embd {n_embd} must be a multiple of --n-head {n_head}")
+    if not args.resume and args.rope and (n_embd // n_head) % 2:
+        p.error(f"--rope needs an even head size (--n-embd / --n-head), got {n_embd // n_head}")
+    if args.minutes == 0 and not args.max_steps:
+        p.error("nothing would stop this run: give --max-steps, or --minutes above 0")
+    if args.resume and args.overwrite:
+        p.error("--resume and --overwrite contradict each other: pick one")
     if args.minutes is None:
         args.minutes = 0.0 if args.max_steps else DEFAULT_MINUTES
     return args
-
-
-def check_args(args: argparse.Namespace) -> str | None:
-    """The first flag out of range, as a message naming it and the fix; None if all are sane."""
-    at_least = {"n_layer": 1, "n_head": 1, "n_embd": 1, "block_size": 1, "batch_size": 1, "warmup": 0,
-                "max_steps": 1, "eval_every": 1, "eval_batches": 1, "ckpt_every": 1, "seed": 0}
-    for name, low in at_least.items():
-        value = getattr(args, name)
-        if value is not None and value < low:
-            return f"--{name.replace('_', '-')} {value} must be at least {low}"
-    if args.seed > MAX_SEED:
-        return f"--seed {args.seed} must be at most {MAX_SEED}"
-    ranges = {"lr": (0, math.inf, False), "min_lr_ratio": (0, 1, True), "weight_decay": (0, math.inf, True),
-              "grad_clip": (0, math.inf, True), "minutes": (0, math.inf, True), "rope_theta": (0, math.inf, False),
-              "rope_factor": (0, math.inf, False), "warmup_share": (0, 1, True)}
-    for name, (low, high, closed) in ranges.items():
-        value = getattr(args, name)
-        if value is None:
-            continue
-        flag = f"--{name.replace('_', '-')}"
-        if not math.isfinite(value):
-            return f"{flag} {value} is not a finite number"
-        if value > high or value < low or (value == low and not closed):
-            return f"{flag} {value} must be {'at least' if closed else 'above'} {low:g}" + (
-                f" and at most {high:g}" if high < math.inf else "")
-    if any(s < 1 for s in args.eval_at):
-        return f"--eval-at {min(args.eval_at)} must be at least 1 (steps count from 1)"
-    n_embd, n_head = args.n_embd or DEFAULTS["n_embd"], args.n_head or DEFAULTS["n_head"]
-    if not args.resume and n_embd % n_head:
-        return f"--n-embd {n_embd} must be a multiple of --n-head {n_head}"
-    if not args.resume and args.rope and (n_embd // n_head) % 2:
-        return f"--rope needs an even head size (--n-embd / --n-head), got {n_embd // n_head}"
-    if args.minutes == 0 and not args.max_steps:
-        return "nothing would stop this run: give --max-steps, or --minutes above 0"
-    if args.resume and args.overwrite:
-        return "--resume and --overwrite contradict each other: pick one"
-    return None
-
-
-def check_writable(path: str) -> None:
-    """Fail now, not after the whole run, if the summary cannot be written to `path`."""
-    folder = Path(path).resolve().parent
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        probe = folder / f".{Path(path).name}.probe{os.getpid()}"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as e:
-        raise SystemExit(f"error: cannot write --json {path} ({e.strerror}): pick a writable path") from None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -241,10 +209,14 @@ def run_dir(args: argparse.Namespace, runs: Path = Path("checkpoints")) -> tuple
 
 
 def check_tokenizer(state: dict, tok_hash: str | None, path: str | Path) -> None:
-    saved = state.get("tokenizer_hash")
+    saved, vocab = state.get("tokenizer_hash"), tokenizer_vocab(tok_hash)
     if saved is not None and tok_hash is not None and saved != tok_hash:
-        raise SystemExit(f"error: {path} was trained with tokenizer {saved}, but the data has {tok_hash}: "
-                         "pass the --data-dir it was trained on")
+        raise UserError(f"{path} was trained with tokenizer {saved}, but the data has {tok_hash}: "
+                        "pass the --data-dir it was trained on")
+    held = (state.get("config") or {}).get("vocab_size") if isinstance(state.get("config"), dict) else None
+    if saved is None and vocab is not None and isinstance(held, int) and held < vocab:
+        raise UserError(f"{path} reads {held} token ids, but the data's tokenizer makes {vocab}: pass the "
+                        "--data-dir it was trained on")
 
 
 def new_config(args: argparse.Namespace, tok_hash: str | None = None) -> tuple[dict, dict | None]:
@@ -253,7 +225,7 @@ def new_config(args: argparse.Namespace, tok_hash: str | None = None) -> tuple[d
     if not args.init_from:
         if args.rope_scaling != "none":
             raise SystemExit("error: --rope-scaling is for a fine-tune to a longer context: add --init-from")
-        fields = {k: DEFAULTS[k] if getattr(args, k) is None else getattr(args, k) for k in MODEL_FLAGS}
+        fields = {k: getattr(args, k) for k in MODEL_FLAGS if getattr(args, k) is not None}  # else GPTConfig's
         return asdict(GPTConfig(**fields, vocab_size=args.vocab_size, rope=args.rope)), None
     state = read_checkpoint(args.init_from)
     check_tokenizer(state, tok_hash, args.init_from)
@@ -375,78 +347,6 @@ def mean_over_ranks(value: float, device: torch.device) -> float:
     return t.item() / dist.get_world_size()
 
 
-class StopSignals:
-    """Ctrl-C (SIGINT) and SIGTERM ask the loop to stop after the current step, save, and exit.
-
-    Under DDP every rank must follow one clock (the schedule reads it) and stop at the same step:
-    rank 0's clock decides for all, and a signal to any rank stops all.
-    The previous handlers come back on exit (a test calling main() keeps its own).
-    """
-
-    def __init__(self) -> None:
-        self.signal: int | None = None
-
-    def __enter__(self) -> StopSignals:
-        self.previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for signum, handler in self.previous.items():
-            signal.signal(signum, handler)
-
-    def _on_signal(self, signum, frame) -> None:
-        self.signal = signum
-
-    def agree(self, elapsed: float, device: torch.device) -> tuple[float, bool]:
-        """(elapsed seconds, stop now), the same on every rank: rank 0's clock, and whether any rank
-        has had a signal. A signal arriving after this waits for the next step."""
-        stop = self.signal is not None
-        if dist.is_initialized():  # one sum: rank 0's seconds (the others add 0) and the signals
-            mine = [elapsed if dist.get_rank() == 0 else 0.0, float(stop)]
-            shared = torch.tensor(mine, dtype=torch.float64, device=device)
-            dist.all_reduce(shared)
-            elapsed, stop = shared[0].item(), bool(shared[1])
-        return elapsed, stop
-
-
-# ----------------------------------------------------------------------------------------------
-# What a run writes: the JSONL log, TensorBoard and a progress bar (rank 0 only), checkpoints
-
-
-class RunLog:
-    """log.jsonl (one record a step), TensorBoard scalars and the tqdm bar, written by rank 0 only;
-    a line at each evaluation, so a log file shows progress when the bar is off."""
-
-    def __init__(self, out_dir: Path, runs_dir: str, master: bool, step: int, total: int | None) -> None:
-        self.master, self.path = master, out_dir / "log.jsonl"
-        self.scalars = Scalars(Path(runs_dir) / out_dir.name, purge_step=step + 1 if step else None) \
-            if master else None
-        self.bar = tqdm(total=total, initial=step, disable=None if master else True, unit="step", dynamic_ncols=True)
-
-    def write(self, record: dict) -> None:
-        if not self.master:
-            return
-        append_line(self.path, record, record["step"])
-        for key, tag in (("loss", "loss/train"), ("grad_norm", "grad_norm"), ("lr", "lr"),
-                         ("tokens_per_s", "tokens_per_s"), ("val_loss", "loss/held_out")):
-            if key in record:
-                self.scalars.add(tag, record[key], record["step"])
-        if "loss" in record:
-            self.bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:,.0f}",
-                                 min=f"{record['elapsed'] / 60:.1f}")
-            self.bar.update(1)
-
-    def say(self, text: str) -> None:
-        if self.master:
-            self.bar.write(text)
-            sys.stdout.flush()
-
-    def close(self) -> None:
-        self.bar.close()
-        if self.scalars:
-            self.scalars.close()
-
-
 @torch.no_grad()
 def held_out_loss(model: GPT, val, args: argparse.Namespace, device: torch.device, dtype: torch.dtype,
                   batches: int | None = None) -> float:
@@ -466,7 +366,7 @@ def held_out_loss(model: GPT, val, args: argparse.Namespace, device: torch.devic
 
 def train(run: dict, args: argparse.Namespace) -> dict:
     """The loop: one step at a time until --max-steps or the time budget; returns the run summary."""
-    model, train_model, optimizer = run["model"], run["train_model"], run["optimizer"]
+    model, train_step, optimizer = run["model"], run["step_fn"], run["optimizer"]
     device, dtype, log, stop, out_dir = run["device"], run["dtype"], run["log"], run["stop"], run["out_dir"]
     step, elapsed = run["step"], run["elapsed"]
     block_size = model.config.block_size
@@ -481,7 +381,7 @@ def train(run: dict, args: argparse.Namespace) -> dict:
         if "val_loss" in r:
             val_loss = r["val_loss"]
             evals.append({"step": r["step"], "val_loss": val_loss, "train_loss": loss_value})
-    watch, saved_at = LossWatch(run["losses"]), run["step"]  # has the run diverged? (mvgpt/kit/runfolder.py)
+    watch, saved_at = LossWatch(run["losses"]), run["step"]  # has the run diverged? (mvgpt/train.py)
 
     def checkpoint(due: bool) -> None:
         """Save, only from sane weights: finite, and their loss (held-out: this step's evaluation, or
@@ -494,7 +394,7 @@ def train(run: dict, args: argparse.Namespace) -> dict:
         if problem:
             raise diverged(problem, out_dir, saved_at)
         if run["master"]:
-            save_checkpoint(out_dir, model, optimizer=optimizer.state_dict(), step=step, elapsed=elapsed,
+            save_checkpoint(checkpoint_in(out_dir), model, optimizer=optimizer.state_dict(), step=step, elapsed=elapsed,
                             rng=torch.get_rng_state(), tokenizer_hash=run["tok_hash"], args=vars(args),
                             val_loss=val_loss, losses=watch.losses)
         saved_at = step
@@ -510,23 +410,14 @@ def train(run: dict, args: argparse.Namespace) -> dict:
         pace = (elapsed - after_first) / (step - first - 1) if step > first + 1 else None
         lr = lr_at(step, args.lr, args.warmup, args.min_lr_ratio, args.max_steps, elapsed, budget, pace,
                    args.warmup_share)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
         # the batch: depends only on (seed, rank, step), so a resumed run sees the same ones
         x, y = get_batch(run["train_data"], args.batch_size, block_size, args.seed, step, run["rank"])
-        # forward (matrix products in bf16 under autocast), backward, clip, update
-        with autocast(device, dtype):
-            _, loss = train_model(x.to(device), y.to(device))
+        # forward (matrix products in bf16 under autocast), backward, clip, update (mvgpt/train.py)
+        loss, grad_norm = train_step(x, y, lr)
         loss_value = mean_over_ranks(loss.item(), device)  # the same on every rank: all stop together
-        problem = watch.step(loss_value, step + 1)  # non-finite, or run away (mvgpt/kit/runfolder.py)
+        problem = watch.step(loss_value, step + 1)  # non-finite, or run away: stop before any save
         if problem:
             raise diverged(problem, out_dir, saved_at)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        # the gradient's norm, logged before it is clipped (--grad-clip 0: measured, left alone); read
-        # after the update, so a GPU is not made to wait for it before the optimizer's kernels go in
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip or math.inf)
-        optimizer.step()
         step += 1
         dt = clock() - t0
         elapsed += dt
@@ -576,8 +467,6 @@ def train(run: dict, args: argparse.Namespace) -> dict:
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     command = shlex.join(["python", "scripts/pretrain.py", *(sys.argv[1:] if argv is None else argv)])
-    if args.json:
-        check_writable(args.json)
     device, rank, world = setup_device(args)
     master = rank == 0
     dtype = resolve_dtype(args.dtype, device)
@@ -596,8 +485,8 @@ def main(argv: list[str] | None = None) -> dict:
         print(note)
     reads = {"--init-from": args.init_from and checkpoint_path(args.init_from), "--data-dir": data_dir}
     claim(out_dir, "checkpoint", "--out-dir", resume=args.resume, overwrite=args.overwrite, reads=reads)
-    if args.json:
-        claim_file(args.json, "--json", reads=reads)
+    if args.json:  # never over an input, nor over a file of the run this command makes
+        claim_file(args.json, "--json", reads=reads, making=[("--out-dir", out_dir, "checkpoint")])
 
     with RunLock(out_dir) if master else nullcontext(), StopSignals() as stop:
         claim(out_dir, "checkpoint", "--out-dir", resume=args.resume, overwrite=args.overwrite, reads=reads)
@@ -608,8 +497,6 @@ def main(argv: list[str] | None = None) -> dict:
             setattr(args, k, getattr(model.config, k))
         args.rope = model.config.rope
         name = run_name(args)
-        if batched_attention_pays(device, dtype):
-            use_batched_attention(model)  # attention's products over all heads at once (mvgpt/perf/cpu_attention.py)
         optimizer = configure_optimizer(model, args.lr, args.weight_decay, device)
         step, elapsed, records = start_or_resume(args, out_dir, model, optimizer, state, master)
         model.to(device)
@@ -625,8 +512,10 @@ def main(argv: list[str] | None = None) -> dict:
             if args.compile:  # the bar stands still meanwhile: say why
                 print("the first step compiles the model: a while when inductor's cache is empty, seconds "
                       "after (--no-compile skips it)")
-        log = RunLog(out_dir, args.runs_dir, master, step, args.max_steps)
-        run = dict(model=model, train_model=train_model, optimizer=optimizer, device=device, dtype=dtype, log=log,
+        # the one training step (mvgpt/train.py): bf16 products where native, attention batched on a CPU
+        step_fn = Step(model, optimizer, device, dtype, grad_clip=args.grad_clip, forward=train_model)
+        log = RunLog(out_dir, args.runs_dir, step, args.max_steps, master=master)
+        run = dict(model=model, step_fn=step_fn, optimizer=optimizer, device=device, dtype=dtype, log=log,
                    stop=stop, out_dir=out_dir, step=step, elapsed=elapsed, world=world, rank=rank, master=master,
                    train_data=train_data, val_data=val_data, tok_hash=tok_hash, machine=machine(device),
                    command=command, name=name, records=records, losses=(state or {}).get("losses", []))
@@ -644,7 +533,7 @@ def main(argv: list[str] | None = None) -> dict:
     if world > 1:
         # DDP before the process group: left as its last owner, DDP frees it holding Python's lock, and
         # gloo's threads, waiting for that lock to free a tensor, hang the exit (it did, under load)
-        del run, train_model
+        del run, train_model, step_fn
         dist.destroy_process_group()
     return summary
 

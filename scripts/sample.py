@@ -1,7 +1,9 @@
 """Write a story from a prompt with a trained checkpoint, streaming tokens as they come.
 
 With the KV cache, each new token runs through the model alone. Past the window, a rope model
-slides its cache; a model with learned positions re-runs the last window for each token.
+slides its cache; a model with learned positions re-runs the last window for each token. The first
+line on stderr says which one-token step writes (--decode-step: model.py's own, or the C step,
+mvgpt/perf/one_token.c, where its build pays); stdout is the story alone.
 
 Examples:
     python scripts/sample.py checkpoints/pretrain-rope --prompt "Once upon a time" --max-new-tokens 600
@@ -11,6 +13,7 @@ Examples:
     python scripts/sample.py checkpoints/lora-rope \\
         --prompt $'Words: kite, windy, string\\nFeatures: Dialogue\\nStory:\\n'   # LoRA on its base, unmerged
     python scripts/sample.py checkpoints/pretrain-rope --adapter checkpoints/lora-rope   # the same, base named
+    python scripts/sample.py checkpoints/pretrain-rope --decode-step model   # model.py's step, as the video wrote it
 """
 
 from __future__ import annotations
@@ -37,22 +40,23 @@ from mvgpt.kit.errors import (
 )
 from mvgpt.lora import load_adapter
 from mvgpt.model import GPT
-from mvgpt.perf.fast_decode import built, use_fast_decode
+from mvgpt.perf.fast_decode import add_decode_step_arg, use_decode_step
 from mvgpt.tokenizer import Tokenizer
 
 
-def load(path: str, adapter: str | None, device: torch.device, tok_hash: str | None) -> GPT:
+def load(path: str, adapter: str | None, device: torch.device, tok_hash: str | None) -> tuple[GPT, list[str]]:
     """The checkpoint at path, or a LoRA run folder read as its base with the adapter (as context.py
-    reads it); --adapter puts one on a checkpoint."""
+    reads it); --adapter puts one on a checkpoint. Returns the model and what to say of it."""
     source = find_model(path, tok_hash)
+    said = []
     if source.adapter is not None:
         if adapter:
             raise UserError(f"{path} is a LoRA run already, on {source.checkpoint.parent.name}: drop --adapter")
-        print(f"sampling with {source.name}", file=sys.stderr)
+        said.append(f"sampling with {source.name}")
     model = load_source(source, device, tok_hash)
     if adapter:
         load_adapter(model, adapter, tok_hash)
-    return model
+    return model, said
 
 
 def main(argv: list[str] | None = None) -> str:
@@ -71,18 +75,23 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--dtype", default="float32", choices=DTYPE_CHOICES,
                    help="the weights' dtype while sampling (bfloat16: half the bytes a decoding step reads)")
     add_context_args(p)
+    add_decode_step_arg(p)
     args = p.parse_args(argv)
 
     device = pick_device(args.device)
     tokenizer = Tokenizer.load(Path(args.data_dir) / "tokenizer.json")
     tok_hash = data_tokenizer_hash(args.data_dir) or tokenizer.hash
-    model = load(args.checkpoint, args.adapter, device, tok_hash)
+    model, said = load(args.checkpoint, args.adapter, device, tok_hash)
     model.to(resolve_dtype(args.dtype, device))
     apply_context_args(model, args)  # --ctx: the window generate reads and slides
     ids = tokenizer.encode(args.prompt) or [tokenizer.eot]
     idx = torch.tensor([ids], device=device)
-    if model.config.rope and not args.no_cache and use_fast_decode(model, args.max_new_tokens):  # where it pays
-        print(f"(writing with the one-token step in C: {built(model.decode)})", file=sys.stderr)
+    if args.no_cache:  # no cache, no one-token step: every token is a forward over the window
+        step = "decoding with model.py's forward over the last window for each token (--no-cache)"
+    else:
+        step = use_decode_step(model, args.decode_step, args.max_new_tokens)
+    for line in (step, *said):  # stderr: stdout is the story alone
+        print(line, file=sys.stderr, flush=True)
     print(args.prompt, end="", flush=True)
     stream, out = tokenizer.stream(), []  # whole characters only: a token can end inside one
     for token in model.generate(idx, args.max_new_tokens, args.temperature, args.top_k, args.seed, not args.no_cache):

@@ -9,30 +9,37 @@ One page, three views (the page's files are mvgpt/live/static/; the data behind 
 - Rotary angles: a pair's arrow turning with the position, the speeds of all 32 pairs, and what
   linear, NTK and YaRN scaling do to them at a chosen n_ctx.
 Standard library server, plain HTML/JS/SVG: nothing is fetched from the network, only the page's
-own files are served, and it listens on 127.0.0.1 unless --host says otherwise.
+own files are served, and it listens on 127.0.0.1 unless --host says otherwise. Its first line says
+which one-token step writes each model's tokens (--decode-step: the C step where its build pays, as
+sample.py chooses it, by default).
 
 Examples:
     python scripts/serve.py checkpoints/pretrain-rope checkpoints/pretrain     # then open the address
     python scripts/serve.py checkpoints/pretrain-rope --port 8080
     python scripts/serve.py checkpoints/lora-rope checkpoints/pretrain-rope   # a LoRA run, on its base, beside it
     python scripts/serve.py /tmp/tiny --data-dir /tmp/tinydata --device cpu --port 0   # tiny; any free port
+    python scripts/serve.py checkpoints/pretrain-rope --decode-step model   # model.py's step, as the video wrote it
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
+import ipaddress
 import json
+import re
 import signal
 import socket
 import sys
 import threading
 from collections.abc import Iterator
-from contextlib import closing, contextmanager
+from contextlib import closing, contextmanager, suppress
 from dataclasses import asdict, dataclass, field
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from itertools import islice
 from pathlib import Path
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs
 
 import numpy as np
 from context import LOSS_METHODS
@@ -44,13 +51,20 @@ from mvgpt.kit.errors import ArgumentParser, UserError, at_least, number, run_ma
 from mvgpt.live import views as live
 from mvgpt.live.views import Limits, LiveError, sse
 from mvgpt.model import GPT
-from mvgpt.perf.fast_decode import use_fast_decode
+from mvgpt.perf.fast_decode import add_decode_step_arg, use_decode_step
 from mvgpt.tokenizer import Tokenizer
 
 STATIC = Path(live.__file__).with_name("static")  # the page: index.html, live.js, live.css
 TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
          ".css": "text/css; charset=utf-8", ".svg": "image/svg+xml"}
-LOCAL_NAMES = {"127.0.0.1", "localhost", "::1"}
+# A Host header: a name or an IPv4 address, or an IPv6 address in brackets; then maybe a port (RFC 9110).
+HOST = re.compile(r"(?:\[(?P<v6>[0-9A-Fa-f:.]+(?:%[\w.~-]+)?)\]|(?P<name>[\w.~!$&'()*+,;=%-]+))(?::(?P<port>\d{0,5}))?",
+                  re.ASCII)
+# A page that stops reading (a frozen tab, a client that never reads) fills its connection's send buffer,
+# and the next write waits: with the models held, every other page waits too. A page that is there
+# takes each event as it comes, so no write waits long: one that waits this long has no reader. The
+# same bound applies to a connection that opens and sends no request (a browser's preconnect, say).
+SEND_TIMEOUT = 20.0  # seconds
 # The page loads its own files and nothing else: a CDN link slipped in would fail here too, not only offline.
 port_number = number(int, lambda v: 0 <= v <= 65535, "a whole number from 0 to 65535")
 SECURITY = {"Content-Security-Policy": "default-src 'self'", "X-Content-Type-Options": "nosniff"}
@@ -69,6 +83,7 @@ class Live:
     stopping: threading.Event = field(default_factory=threading.Event)
     runs: list[dict] = field(default_factory=list)  # each write as it went: tokens sent, why it stopped
     scored: dict[tuple[str, int], list[dict]] = field(default_factory=dict)  # read view, per (model, piece)
+    decoding: str = ""  # which one-token step each model decodes with (--decode-step): the first line said
 
     def info(self) -> dict:
         """What the page needs to build its forms."""
@@ -93,6 +108,8 @@ class ServerStopping(Exception):
 
 class Handler(BaseHTTPRequestHandler):
     server_version = "mvgpt-live"
+    timeout = SEND_TIMEOUT  # put on the connection by socketserver: every read and write of it has this bound
+    answered = False  # a status line has gone out: a failure after it can only end the answer
 
     @property
     def app(self) -> Live:
@@ -101,19 +118,70 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args) -> None:
         pass  # the terminal gets one line, the address; the page shows what happens
 
+    def send_response(self, code: int, message: str | None = None) -> None:
+        # http.server takes a request line without a version for HTTP/0.9 and answers it with a bare
+        # body: every answer here has its status line, a refusal included
+        self.request_version = "HTTP/1.0" if self.request_version == "HTTP/0.9" else self.request_version
+        self.answered = True
+        super().send_response(code, message)
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """http.server's own refusals (a malformed request line or header, one too long, a method other
+        than GET) as one line of JSON, like every other answer: its HTML page would echo the request."""
+        extra = {}
+        if code == HTTPStatus.NOT_IMPLEMENTED and self.command:  # a method it has no do_ for: not allowed here
+            code, message, extra = HTTPStatus.METHOD_NOT_ALLOWED, f"{self.command} is not served: ask with GET", {
+                "Allow": "GET"}
+        self.close_connection = True
+        self.send_bytes(json.dumps({"error": message or HTTPStatus(code).phrase}).encode(), "application/json",
+                        code, extra)
+
     def do_GET(self) -> None:
-        url = urlsplit(self.path)
-        if self.server.local_only and urlsplit("//" + self.headers.get("Host", "")).hostname not in LOCAL_NAMES:
-            return self.send_json({"error": "this server answers to localhost only"}, 403)  # DNS rebinding
-        query = parse_qs(url.query, keep_blank_values=True)
+        try:
+            try:
+                self.answer()
+            except LiveError as e:
+                self.send_json({"error": str(e)}, 400)
+        except ClientLeft:
+            self.close_connection = True
+        except Exception as e:  # a bug, or a model failing outside a stream: one line for the page, no traceback
+            self.close_connection = True
+            if not self.answered:
+                with suppress(ClientLeft):
+                    self.send_json({"error": failure("the request", e)}, 500)
+
+    def answer(self) -> None:
+        """Who may ask first (nothing is read or run for a request refused), then the route."""
+        refused = self.refusal()
+        if refused:
+            return self.send_json({"error": refused[1]}, refused[0])
+        path, _, query_text = self.path.partition("?")  # the target as sent: nothing in it names a file
+        if not path.startswith("/"):
+            raise LiveError(f"the request's target must be a path, such as /api/info, not {path[:80]!r}")
+        query = parse_qs(query_text, keep_blank_values=True)
         routes = {"/api/info": self.info, "/api/write": self.write, "/api/read": self.read,
                   "/api/angles": self.angles}
-        try:
-            if url.path in routes:
-                return routes[url.path](query)
-            return self.send_page_file(url.path)
-        except LiveError as e:
-            return self.send_json({"error": str(e)}, 400)
+        if path in routes:
+            return routes[path](query)
+        return self.send_page_file(path)
+
+    def refusal(self) -> tuple[int, str] | None:
+        """(status, message) for a request this server does not answer, else None. A server listening on
+        loopback answers to this machine's own names only: a web page elsewhere could point its own name
+        at 127.0.0.1 (DNS rebinding), and its script would then read this server as its own site; the
+        browser still sends that site's name as the Host header."""
+        hosts = self.headers.get_all("Host") or []
+        if len(hosts) > 1:
+            return 400, f"{len(hosts)} Host headers: send one"
+        name = None
+        if hosts and hosts[0].strip():
+            try:
+                name = host_name(hosts[0])
+            except LiveError as e:
+                return 400, str(e)
+        if self.server.local_only and not (name == "localhost" or (name is not None and is_loopback(name))):
+            return 403, f"this server answers to localhost only: open {url(self.server)} on this machine"
+        return None
 
     # --- plain answers ---------------------------------------------------------------------------
 
@@ -128,14 +196,16 @@ class Handler(BaseHTTPRequestHandler):
     def send_json(self, data: object, status: int = 200) -> None:
         self.send_bytes(json.dumps(data).encode(), "application/json", status)
 
-    def send_bytes(self, body: bytes, content_type: str, status: int = 200) -> None:
+    def send_bytes(self, body: bytes, content_type: str, status: int = 200, extra: dict | None = None) -> None:
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
-        for name, value in SECURITY.items():
+        for name, value in {**SECURITY, **(extra or {})}.items():
             self.send_header(name, value)
-        self.end_headers()
-        self.wfile.write(body)
+        with self.writing():
+            self.end_headers()
+            if self.command != "HEAD":  # HEAD is refused, and a HEAD's answer has no body
+                self.wfile.write(body)
 
     def info(self, query: dict) -> None:
         self.send_json(self.app.info())
@@ -152,23 +222,56 @@ class Handler(BaseHTTPRequestHandler):
 
     # --- streams ---------------------------------------------------------------------------------
 
+    @contextmanager
+    def stream(self, doing: str, run: dict | None = None) -> Iterator[None]:
+        """An event stream's answer, and its end whatever happens inside: `done` (sent inside), the page
+        gone, the server stopping, or a failure (a NaN weight, say), which ends it with an `error` event
+        of one line that the page shows. By then the models are released (models_held is inside) and
+        the server goes on; the terminal gets nothing."""
+        run = {} if run is None else run
+        self.start_stream()
+        try:
+            yield
+        except ClientLeft as e:
+            run["stopped"] = str(e) or "the page left"
+        except ServerStopping:
+            run["stopped"] = "the server is stopping"
+            self.last_word("the server is stopping: start it again to go on")
+        except Exception as e:
+            run["stopped"] = message = failure(doing, e)
+            self.last_word(message)
+
+    def last_word(self, message: str) -> None:
+        with suppress(ClientLeft):  # a page that has gone is not told
+            self.send_event("error", {"message": message})
+
     def start_stream(self) -> None:
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
         for name, value in SECURITY.items():
             self.send_header(name, value)
-        self.end_headers()
+        with self.writing():
+            self.end_headers()
 
     def send_event(self, event: str, data: object) -> None:
         self.send_raw(sse(event, data))
 
     def send_raw(self, data: bytes) -> None:
-        try:
+        with self.writing():
             self.wfile.write(data)
             self.wfile.flush()
-        except (BrokenPipeError, ConnectionResetError):
-            raise ClientLeft from None
+
+    @contextmanager
+    def writing(self) -> Iterator[None]:
+        """A write to the page: a connection that fails (closed, reset) or takes nothing for SEND_TIMEOUT
+        is a page that has gone (ClientLeft), and the work it asked for stops."""
+        try:
+            yield
+        except TimeoutError:
+            raise ClientLeft(f"the page stopped reading for {self.timeout:g} s") from None
+        except OSError:
+            raise ClientLeft("the page left") from None
 
     @contextmanager
     def models_held(self) -> Iterator[None]:
@@ -190,17 +293,10 @@ class Handler(BaseHTTPRequestHandler):
         req = live.parse_write(query, list(app.models), app.tokenizer.vocab_size, app.limits)
         prompt = app.tokenizer.encode(req.prompt) or [app.tokenizer.eot]
         run = {"request": asdict(req), "tokens": 0, "stopped": None}
-        self.start_stream()
-        try:
-            with self.models_held():
-                app.runs.append(run)
-                self.send_event("start", {"prompt": live.token_texts(app.tokenizer, prompt),
-                                          "models": list(req.models)})
-                self.send_story(req, prompt, run)
-        except ClientLeft:
-            run["stopped"] = "the page left"
-        except ServerStopping:
-            run["stopped"] = "the server is stopping"
+        with self.stream("writing", run), self.models_held():
+            app.runs.append(run)
+            self.send_event("start", {"prompt": live.token_texts(app.tokenizer, prompt), "models": list(req.models)})
+            self.send_story(req, prompt, run)
 
     def send_story(self, req: live.WriteRequest, prompt: list[int], run: dict) -> None:
         """The token events of every model asked for, then each one's first-token time and median."""
@@ -228,8 +324,7 @@ class Handler(BaseHTTPRequestHandler):
         piece = live.field(query, "piece", int, 0, app.pieces(model) - 1, 0)
         ids = next(islice(windows(app.val, 3 * model.config.block_size), piece, None))  # as context.py cuts them
         methods, notes = live.methods_for(model, LOSS_METHODS)
-        self.start_stream()
-        try:
+        with self.stream("reading"):
             self.send_event("piece", {"model": name, "piece": piece, "window": model.config.block_size,
                                       "tokens": live.token_texts(app.tokenizer, ids.tolist()), "methods": methods,
                                       "notes": notes})
@@ -245,8 +340,6 @@ class Handler(BaseHTTPRequestHandler):
                     for result in app.scored[(name, piece)]:
                         self.send_event("scored", result)
             self.send_event("done", {})
-        except (ClientLeft, ServerStopping):
-            pass
 
 
 def one_model(query: dict, app: Live) -> str:
@@ -254,6 +347,50 @@ def one_model(query: dict, app: Live) -> str:
     if len(names) != 1:
         raise LiveError(f"one model at a time here, not {len(names)}: choose one of {', '.join(app.models)}")
     return names[0]
+
+
+def failure(doing: str, e: Exception) -> str:
+    """An exception as one line for the page: what failed, and the first line of what it said."""
+    said = str(e).strip().splitlines()
+    text = said[0] if said else "no message"
+    return f"{doing} failed: {text}" + ("" if isinstance(e, LiveError) else f" ({type(e).__name__})")
+
+
+def is_loopback(address: str) -> bool:
+    """Whether address (text) is one of this machine's loopback addresses: 127.0.0.0/8, ::1, or
+    127.x.y.z written as IPv6 (::ffff:127.0.0.1). A name, or any other spelling, is not."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_loopback
+
+
+def host_name(header: str) -> str:
+    """The host a Host header names, in lower case (an IPv6 address without its brackets); a LiveError
+    where it is not a name or address with an optional port (localhost, localhost:8000, [::1]:8000)."""
+    m = HOST.fullmatch(header.strip())
+    v6_ok = m is not None and (m["v6"] is None or is_address(m["v6"]))
+    if m is None or not v6_ok or int(m["port"] or 0) > 65535:
+        raise LiveError(f"bad Host header {header[:80]!r}: send a name or address and an optional port, "
+                        "such as localhost:8000 or [::1]:8000")
+    return (m["v6"] or m["name"]).lower()
+
+
+def is_address(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def url(server: LiveServer) -> str:
+    """The address a server listens on, as a browser takes it (an IPv6 address in brackets)."""
+    host, port = server.server_address[:2]
+    return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -278,10 +415,12 @@ def load_app(args: argparse.Namespace) -> Live:
         name = run_name(path)
         if name in models:
             raise UserError(f"two checkpoints are named {name}: give each its own run folder")
-        models[name] = model = load_source(find_model(path, tok_hash), device, tok_hash)  # a LoRA run: on its base
-        if model.config.rope:  # the C step, as sample.py uses it, where it pays for the longest story asked for
-            use_fast_decode(model, args.max_tokens)
-    return Live(models, tokenizer, load_tokens(args.data_dir, "val"), Limits(tokens=args.max_tokens))
+        models[name] = load_source(find_model(path, tok_hash), device, tok_hash)  # a LoRA run: on its base
+    # the step each model writes with, as sample.py chooses it, for the longest story a page may ask for
+    decoding = "; ".join(f"{name}: {use_decode_step(model, args.decode_step, args.max_tokens)}"
+                         for name, model in models.items())
+    return Live(models, tokenizer, load_tokens(args.data_dir, "val"), Limits(tokens=args.max_tokens),
+                decoding=decoding)
 
 
 class LiveServer(ThreadingHTTPServer):
@@ -290,7 +429,8 @@ class LiveServer(ThreadingHTTPServer):
 
     daemon_threads = False  # server_close() joins every request's thread
 
-    def __init__(self, address: tuple[str, int], handler: type[Handler]) -> None:
+    def __init__(self, address: tuple, handler: type[Handler], family: int = socket.AF_INET) -> None:
+        self.address_family = family  # read by TCPServer's __init__: AF_INET6 for an IPv6 address
         super().__init__(address, handler)
         self.open: set[socket.socket] = set()  # the connections being answered
         self.open_lock = threading.Lock()
@@ -316,21 +456,53 @@ class LiveServer(ThreadingHTTPServer):
                     pass  # already closed by the other side
 
     def handle_error(self, request: socket.socket, client_address: tuple) -> None:
-        if isinstance(sys.exc_info()[1], ConnectionError):
-            return  # the page left mid-answer: there is no one to tell
+        if isinstance(sys.exc_info()[1], OSError | ClientLeft):
+            return  # the page left or stalled mid-answer (a reset, a broken pipe, a timeout): no one to tell
         super().handle_error(request, client_address)
 
 
 def make_server(app: Live, host: str, port: int) -> LiveServer:
-    """A threaded server (each page's stream on its own thread) for app, listening on host:port."""
+    """A threaded server (each page's stream on its own thread) for app, listening on host:port: on the
+    first of host's addresses that binds, IPv4 or IPv6. Where that address is loopback, whatever --host
+    spelled (127.1, localhost, ::1), it answers to localhost only; elsewhere, to any name."""
+    name = host[1:-1] if host.startswith("[") and host.endswith("]") else host  # [::1], as in a URL
+    where = f"[{name}]:{port}" if ":" in name else f"{name}:{port}"
     try:
-        server = LiveServer((host, port), Handler)
-    except OSError as e:
-        raise UserError(f"cannot listen on {host}:{port} ({e.strerror}): pick another --port "
-                        "(--port 0 takes any free one)") from None
+        found = socket.getaddrinfo(name or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as e:
+        said = e.strerror if isinstance(e, socket.gaierror) else "not a host name"
+        fix = "give --host the address alone, and the port with --port" if ":" in name and not is_address(name) \
+            else "give --host an address or name of this machine (127.0.0.1, the default; 0.0.0.0 for all of them)"
+        raise UserError(f"cannot listen on {host}: it has no address ({said}): {fix}") from None
+    errors: list[tuple[str, OSError]] = []
+    for family, _, _, _, address in dict.fromkeys((f, t, p, c, a) for f, t, p, c, a in found):
+        try:
+            server = LiveServer(address, Handler, family)
+            break
+        except OSError as e:
+            errors.append((address[0], e))
+    else:
+        raise UserError(listen_error(where, port, errors)) from None
     server.app = app
-    server.local_only = host in LOCAL_NAMES  # --host wider: other machines may ask, under any name
+    server.local_only = is_loopback(server.server_address[0])  # where it listens, not how --host spelled it
     return server
+
+
+def listen_error(where: str, port: int, errors: list[tuple[str, OSError]]) -> str:
+    """One line for a server that could not listen: what the system said, and the fix for that. Where
+    host has several addresses and none binds, a port in use is the one to tell."""
+    address, e = next(((a, e) for a, e in errors if e.errno == errno.EADDRINUSE), errors[0])
+    v6 = ":" in address
+    fixes = {
+        errno.EADDRINUSE: "pick another --port (--port 0 takes any free one)",
+        errno.EADDRNOTAVAIL: "this machine has no IPv6 loopback: give --host 127.0.0.1" if is_loopback(address) and v6
+        else f"{address} is not an address of this machine: give --host one of its own (127.0.0.1, the default; "
+             "0.0.0.0 for all of them)",
+        errno.EAFNOSUPPORT: "this machine has no IPv6: give --host an IPv4 address, such as 127.0.0.1",
+        errno.EACCES: "ports below 1024 need root: pick --port 1024 or above" if 0 < port < 1024
+        else "check --host and --port",
+    }
+    return f"cannot listen on {where} ({e.strerror}): {fixes.get(e.errno, 'check --host and --port')}"
 
 
 def parser() -> argparse.ArgumentParser:
@@ -339,19 +511,20 @@ def parser() -> argparse.ArgumentParser:
                    help="run folders or checkpoint files (a LoRA run folder: its base, with the adapter)")
     p.add_argument("--port", type=port_number, default=8000, help="0: any free port")
     p.add_argument("--host", default="127.0.0.1",
-                   help="the address to listen on (default: this machine only; 0.0.0.0 lets others in)")
+                   help="the address to listen on (default: this machine only, as ::1 is; 0.0.0.0 lets others in)")
     p.add_argument("--max-tokens", type=at_least(1), default=1024, help="the most tokens a page may ask for")
     p.add_argument("--data-dir", type=prepared_data, default=str(DATA_DIR),
                    help="the tokenizer and the held-out tokens")
     p.add_argument("--device", help="cpu, cuda, mps (default: the best present)")
+    add_decode_step_arg(p)
     return p
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     app = load_app(args)
+    print(app.decoding, flush=True)  # the first line: which step writes each model's tokens
     server = make_server(app, args.host, args.port)
-    host, port = server.server_address[:2]
 
     def stop(signum: int, frame: object) -> None:
         app.stopping.set()  # streams end at their next token, and the loop below at its next turn
@@ -361,7 +534,8 @@ def main(argv: list[str] | None = None) -> None:
     # KeyboardInterrupt could land anywhere in the main thread, and be caught there and lost.
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
-    print(f"serving http://{host}:{port}/ (Ctrl-C stops it)", flush=True)
+    wide = "" if server.local_only else "; other machines can reach it too, under any name"
+    print(f"serving {url(server)} (Ctrl-C stops it){wide}", flush=True)
     server.timeout = 0.5  # handle_request returns at least this often, to look at the flag
     try:
         while not app.stopping.is_set():

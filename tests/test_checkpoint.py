@@ -186,3 +186,47 @@ def test_a_config_too_big_for_the_machine_is_refused(tmp_path):
     with pytest.raises(SystemExit, match=r"asks for [\d,.]+ GiB .*block_size=1099511627776.*crafted") as e:
         load_model(path)
     one_line_error(e)
+
+
+@pytest.mark.parametrize("free, said", [(0, "the disk is full: "), (1 << 40, "torch's writer stopped: ")])
+def test_a_write_that_fails_inside_torchs_zip_writer_is_one_line_and_keeps_the_previous(tmp_path, monkeypatch,
+                                                                                         free, said):
+    run = tmp_path / "run"
+    save_checkpoint(run, tiny_model(seed=0), step=1)
+    before = (run / "ckpt.pt").read_bytes()
+
+    def stopped(state, f):  # what torch says when the disk fills under its zip writer
+        f.write(b"PK partial")
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+
+    monkeypatch.setattr(io.torch, "save", stopped)
+    monkeypatch.setattr(io, "free_bytes", lambda folder: free)
+    with pytest.raises(SystemExit) as e:
+        save_checkpoint(run, tiny_model(seed=1), step=2)
+    one_line_error(e)
+    assert said in str(e.value.code) and "the previous checkpoint, if any, is kept" in str(e.value.code)
+    assert (run / "ckpt.pt").read_bytes() == before and [p.name for p in run.iterdir()] == ["ckpt.pt"]
+
+
+def test_a_checkpoint_with_a_non_finite_weight_is_refused_in_one_line(tmp_path):
+    model = tiny_model()
+    with torch.no_grad():
+        model.blocks[0].mlp.fc.weight[0, 0] = float("nan")
+    save_checkpoint(tmp_path / "run", model, step=1)
+    with pytest.raises(SystemExit) as e:
+        load_model(tmp_path / "run")
+    assert e.value.code == (f"error: checkpoint {tmp_path / 'run' / 'ckpt.pt'} holds non-finite weights "
+                            "(blocks.0.mlp.fc.weight): it cannot be read; use an earlier checkpoint, or train again "
+                            "with a lower --lr")
+
+
+def test_a_checkpoint_with_no_tokenizer_hash_and_a_smaller_vocabulary_than_the_data_is_one_line(data_dir, tmp_path):
+    from mvgpt.data import data_tokenizer_hash
+
+    save_checkpoint(tmp_path / "old", tiny_model(vocab_size=64), step=1)  # no tokenizer hash recorded
+    with pytest.raises(SystemExit) as e:
+        load_model(tmp_path / "old", "cpu", data_tokenizer_hash(data_dir))
+    assert e.value.code == (f"error: checkpoint {tmp_path / 'old' / 'ckpt.pt'} reads 64 token ids, but the data's "
+                            "tokenizer makes 300: pass the --data-dir it was trained with")
+    save_checkpoint(tmp_path / "wide", tiny_model(vocab_size=400), step=1)  # more ids than the data: reads fine
+    assert load_model(tmp_path / "wide", "cpu", data_tokenizer_hash(data_dir))[0].config.vocab_size == 400

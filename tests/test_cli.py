@@ -19,7 +19,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     (["--n", "1"], "argument --n: 1 is out of range: give a whole number >= 2"),
     (["--n", "2.5"], "argument --n: '2.5' is not a number: give a whole number >= 2"),
     (["--x", "0"], "argument --x: 0 is out of range: give a number above 0"),
-    (["--x", "nan"], "argument --x: nan is out of range: give a number above 0"),
+    (["--x", "nan"], "argument --x: nan is not a finite number: give a number above 0"),
     (["--rope-factor", "x"], "argument --rope-factor: 'x' is not a number"),
     (["--rope-scaling", "quadratic"], "argument --rope-scaling: invalid choice"),
 ])

@@ -30,7 +30,7 @@ def test_a_tiny_race_writes_every_row_against_its_floor(tmp_path):
         assert r["threads"] == 1 and len(r.get("ms_rounds", [0, 0])) == 2 and r["ms"] > 0 and r.get("cpu_ms", 1) > 0
         floor = r.get("floor_ms", r.get("compute_floor_ms"))
         assert r["over_floor"] == pytest.approx(r["ms"] / floor)
-    assert rows["mvGPT C step, float32"]["warmup_s"] > 0 and rows["mvGPT eager, float32"]["warmup_s"] is None
+    assert rows["mvGPT C step, float32"]["build_s"] > 0 and rows["mvGPT eager, float32"]["build_s"] is None
     # every weight once (blocks: 12 C^2 in products, 9 C of biases, 4 C of norms; the embedding, tied; the last
     # norm), and the keys and values of the 16 tokens attended, in both blocks: float32, 4 bytes each
     C, L, V, T = 32, 2, 300, 16

@@ -76,9 +76,14 @@ def test_an_excerpt_is_the_named_definition_with_its_comment_and_the_files_own_l
 
     source = ROOT / "mvgpt" / "model.py"
     lines = source.read_text().splitlines()
-    first, last, code = mkdocs_source.definition(source, "KVCache.update")
-    assert lines[first - 1].strip().startswith("#") and "@torch.compiler.disable" in code  # comment, decorator
-    assert code.splitlines()[-1] == lines[last - 1][4:] and code.startswith("# ")  # dedented, to its end
+    decorated = tmp_path / "decorated.py"  # a method with the comment that says why and a decorator above it
+    decorated.write_text("class Cache:\n    # why: a comment\n    @staticmethod\n    def update(k):\n"
+                         "        return k\n")
+    first, last, code = mkdocs_source.definition(decorated, "Cache.update")
+    assert (first, last, code) == (2, 5, "# why: a comment\n@staticmethod\ndef update(k):\n    return k")
+    first, last, code = mkdocs_source.definition(source, "GPT.generate")  # the model's own: a decorator
+    assert lines[first - 1] == "    @torch.no_grad()" and code.startswith("@torch.no_grad()\ndef generate(")
+    assert code.splitlines()[-1] == lines[last - 1][4:]  # dedented, to its end
     first, _, code = mkdocs_source.definition(source, "rotary")
     assert lines[first - 1] == "def rotary(" and code.startswith("def rotary(")
     _, _, code = mkdocs_source.definition(ROOT / "scripts" / "context.py", "LOSS_METHODS")  # a module-level name

@@ -5,12 +5,16 @@ context.py get the same tokens and losses with it, and it is put in place only w
 `run` runs Python in a process of its own: tests/test_decode_vs_llama.py and test_decode_parts.py use it
 for their scripts (llama.cpp's library, once loaded, stays)."""
 
+import argparse
 import contextlib
 import io
 import os
+import re
+import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import context
@@ -40,14 +44,17 @@ def run(code: str) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+C_STEP_LINE = re.compile(r"decoding with the C step \(mvgpt/perf/one_token\.c(, built in \d+\.\d s)?\)")
+
+
 # ----------------------------------------------------------------------------------------------
 # Where it pays: the choice, with injected measurements (nothing is built here)
 
 
-def test_break_even_is_the_compile_time_over_the_time_saved_per_token():
-    assert fd.break_even_tokens(eager_ms=5.0, fast_ms=2.0, warmup_s=6.0) == pytest.approx(2000.0)
-    assert fd.break_even_tokens(eager_ms=2.0, fast_ms=2.0, warmup_s=6.0) is None  # saves nothing: never pays
-    assert fd.break_even_tokens(eager_ms=2.0, fast_ms=3.0, warmup_s=0.0) is None  # slower: never pays
+def test_break_even_is_the_build_time_over_the_time_saved_per_token():
+    assert fd.break_even_tokens(eager_ms=5.0, fast_ms=2.0, build_s=6.0) == pytest.approx(2000.0)
+    assert fd.break_even_tokens(eager_ms=2.0, fast_ms=2.0, build_s=6.0) is None  # saves nothing: never pays
+    assert fd.break_even_tokens(eager_ms=2.0, fast_ms=3.0, build_s=0.0) is None  # slower: never pays
 
 
 def test_fast_decode_pays_from_the_measured_figures_of_its_dtype(monkeypatch):
@@ -61,66 +68,169 @@ def test_fast_decode_pays_from_the_measured_figures_of_its_dtype(monkeypatch):
     assert not fd.fast_decode_pays("cpu", torch.float32, 10**9, measured)  # no C compiler: no
 
 
-def test_only_a_cpu_with_a_c_compiler_builds_the_step(monkeypatch):
-    assert fd.c_builds_here("cpu") and not fd.c_builds_here("meta")
-    monkeypatch.setenv("CC", "no-such-compiler")
+def test_cc_is_run_as_the_shell_splits_it(monkeypatch):
+    """$CC with a wrapper or flags is the command the user meant, not a name looked up and missed; without
+    $CC, the first compiler on the PATH; with none there, none (and the C step is not built here)."""
+    for given, command in [("ccache gcc", ["ccache", "gcc"]), ("gcc -O2", ["gcc", "-O2"]),
+                           ("  '/opt/my cc/bin/gcc' -g ", ["/opt/my cc/bin/gcc", "-g"]),
+                           ("no-such-compiler", ["no-such-compiler"])]:  # building with it then says why
+        monkeypatch.setenv("CC", given)
+        assert fd.compiler() == command and fd.c_builds_here("cpu")
+    assert not fd.c_builds_here("meta")
+    monkeypatch.setenv("CC", " ")
+    monkeypatch.setenv("PATH", "")
     assert fd.compiler() is None and not fd.c_builds_here("cpu")
 
 
-def test_a_compiler_that_fails_leaves_the_eager_step_and_says_why_in_one_line(monkeypatch, tmp_path):
-    fake = tmp_path / "cc"
-    fake.write_text("#!/bin/sh\necho 'cc: fatal error: no space left on device' >&2\nexit 1\n")
+@pytest.fixture
+def fresh_build():
+    """Nothing built yet in this process, and nothing kept after: the next test builds the real step again."""
+    fd.library.cache_clear(), fd.build_error.cache_clear()
+    yield
+    fd.library.cache_clear(), fd.build_error.cache_clear()
+
+
+def fake_compiler(folder: Path, body: str, name: str = "cc") -> Path:
+    """A shell script standing in for the C compiler: `body` runs with the compiler's arguments; $out is
+    the library it is asked for (the argument after -o)."""
+    fake = folder / name
+    fake.write_text('#!/bin/sh\nfor a in "$@"; do [ "$prev" = -o ] && out=$a; prev=$a; done\n' + body + "\n")
     fake.chmod(0o755)
-    monkeypatch.setenv("CC", str(fake))
-    monkeypatch.setattr(fd, "fast_decode_pays", lambda device, dtype, tokens: True)
-    fd.library.cache_clear(), fd.build_error.cache_clear()
+    return fake
+
+
+def eager_tokens(model) -> torch.Tensor:
+    prompt = torch.tensor([[1, 2, 3]])
+    return torch.cat(list(model.generate(prompt, 24, temperature=0)), dim=1)
+
+
+REAL_CC = next(shutil.which(name) for name in ("cc", "gcc", "clang") if shutil.which(name))  # this machine's
+CC_FAILURES = {  # the fake compiler's body, and the one line the C step's absence is said in
+    "fails": ("echo 'cc: fatal error: no space left on device' >&2; exit 1",
+              "cc could not build one_token.c: cc: fatal error: no space left on device"),
+    "makes nothing": ("exit 0", "cc said it built one_token.c but made no one_token.so: set CC to a C compiler"),
+    "makes no library": ('echo "not a library" > "$out"',
+                         "cc made a one_token.so that does not load (file too short): set CC to a C compiler for "
+                         "this machine"),
+    "makes another library": ('echo "int other(void) { return 0; }" > "$out.c" && '
+                              f'exec {REAL_CC} -shared -fPIC -o "$out" "$out.c"',
+                              "cc made a one_token.so without one_token in it: set CC to a C compiler"),
+}
+
+
+@pytest.mark.parametrize("failure", list(CC_FAILURES))
+def test_a_compiler_that_fails_leaves_the_models_step_and_says_why_in_one_line(monkeypatch, tmp_path, fresh_build,
+                                                                                failure):
+    body, said = CC_FAILURES[failure]
+    monkeypatch.setenv("CC", str(fake_compiler(tmp_path, body)))
     model = tiny_model(rope=True)
+    eager = eager_tokens(model)
     before = set(Path(tempfile.gettempdir()).glob("mvgpt-*"))
-    try:
-        with pytest.raises(RuntimeError, match=r"^cc could not build one_token.c: cc: fatal error: no space left"):
-            fd.library()
-        assert set(Path(tempfile.gettempdir()).glob("mvgpt-*")) == before  # nothing left behind either
-        said = "cc could not build one_token.c: cc: fatal error: no space left on device"
-        assert fd.eager_because(model, 10**6) == said
-        assert fd.use_fast_decode(model, 10**6) is None and "decode" not in vars(model)
-    finally:
+    with pytest.raises(RuntimeError) as error:
+        fd.library()
+    assert str(error.value) == said and fd.build_error() == said
+    assert set(Path(tempfile.gettempdir()).glob("mvgpt-*")) == before  # nothing left behind either
+    for choice in ("c", "auto"):  # auto: where it would pay
+        monkeypatch.setattr(fd, "fast_decode_pays", lambda device, dtype, tokens: True)
+        assert fd.use_decode_step(model, choice, 10**6) == f"decoding with model.py's step, not the C step: {said}"
+        assert "decode" not in vars(model) and eager_tokens(model).equal(eager)
+
+
+def test_a_compiler_that_cannot_be_run_leaves_the_models_step(monkeypatch, tmp_path, fresh_build):
+    """Not there, or not executable: the OSError of launching it, in one line."""
+    model = tiny_model(rope=True)
+    eager = eager_tokens(model)
+    (tmp_path / "cc").write_text("#!/bin/sh\nexit 0\n")  # not executable
+    for cc, why in [(tmp_path / "cc", "Permission denied"), (tmp_path / "none" / "gcc", "No such file or directory")]:
         fd.library.cache_clear(), fd.build_error.cache_clear()
+        monkeypatch.setenv("CC", f"{cc} -O2")
+        said = f"{cc.name} could not be run ({why}): set CC to a C compiler, or install one (cc, gcc or clang)"
+        assert fd.build_error() == said
+        assert fd.use_decode_step(model, "c", 100) == f"decoding with model.py's step, not the C step: {said}"
+        assert "decode" not in vars(model) and eager_tokens(model).equal(eager)
 
 
-def test_the_built_library_leaves_no_file_behind():
-    fd.library.cache_clear(), fd.build_error.cache_clear()
+def test_a_compiler_that_hangs_is_stopped_with_what_it_started(monkeypatch, tmp_path, fresh_build):
+    """A build still going after BUILD_TIMEOUT_S is stopped, the compiler's own children too (as gcc's cc1),
+    and the model's step decodes."""
+    pid = tmp_path / "pid"
+    monkeypatch.setenv("CC", str(fake_compiler(tmp_path, f"sleep 60 & echo $! > {pid}; wait")))
+    monkeypatch.setattr(fd, "BUILD_TIMEOUT_S", 1.0)
+    model = tiny_model(rope=True)
+    t0 = time.monotonic()
+    said = fd.use_decode_step(model, "c", 100)
+    assert time.monotonic() - t0 < 10
+    assert said == ("decoding with model.py's step, not the C step: cc was still building one_token.c after 1 s, "
+                    "so it was stopped: set CC to a compiler that works")
+    child = Path(f"/proc/{pid.read_text().strip()}/status")
+    assert not child.exists() or "zombie" in child.read_text()  # the sleep it started is gone too
+    assert "decode" not in vars(model)
+
+
+def test_cc_with_a_wrapper_and_flags_builds_the_step(monkeypatch, tmp_path, fresh_build):
+    """CC='wrapper gcc -DMVGPT_TEST': the wrapper is run, with the compiler and its flags first, as typed."""
+    seen = tmp_path / "seen"
+    wrapper = fake_compiler(tmp_path, f'echo "$@" > {seen}; exec "$@"', name="wrapper")
+    monkeypatch.setenv("CC", f"{wrapper} {REAL_CC} -DMVGPT_TEST")
+    model = tiny_model(rope=True)
+    eager = eager_tokens(model)
+    said = fd.use_decode_step(model, "c", 100)
+    assert C_STEP_LINE.fullmatch(said) and isinstance(model.decode, fd.FastDecode)
+    assert seen.read_text().startswith(f"{REAL_CC} -DMVGPT_TEST -O2 ")
+    assert eager_tokens(model).equal(eager)
+
+
+def test_the_built_library_leaves_no_file_behind(fresh_build):
     before = set(Path(tempfile.gettempdir()).glob("mvgpt-*"))
     fd.library()
     assert set(Path(tempfile.gettempdir()).glob("mvgpt-*")) == before
 
 
-def test_use_fast_decode_leaves_the_models_step_where_it_does_not_pay(monkeypatch):
+def test_not_covered_knows_the_episodes_modules_only():
     model = tiny_model(rope=True)
-    monkeypatch.setattr(fd, "MEASURED", {"float32": (5.0, 2.0, 6.0)})
-    assert fd.use_fast_decode(model, 100) is None and "decode" not in vars(model)  # nothing built
-
-
-def test_compilable_knows_the_episodes_modules_only():
-    model = tiny_model(rope=True)
-    assert fd.compilable(model) is None
-    assert fd.compilable(tiny_model(rope=True).half()) == "its weights are float16, not float32 or bfloat16"
-    assert fd.compilable(tiny_model(rope=True).to("meta")) == "its weights are on meta, not the CPU"
+    assert fd.not_covered(model) is None
+    assert fd.not_covered(tiny_model(rope=True).half()) == "its weights are float16, not float32 or bfloat16"
+    assert fd.not_covered(tiny_model(rope=True).to("meta")) == "its weights are on meta, not the CPU"
     set_context(model, 32, "linear")  # another table of angles: read in Python, so any will do
-    assert fd.compilable(model) is None
+    assert fd.not_covered(model) is None
     with ggml_activation(model):
-        assert "has a forward of its own" in fd.compilable(model)
+        assert fd.not_covered(model) == "blocks.0.mlp has a forward of its own"
     apply_lora(model)
-    assert "LoRALinear" in fd.compilable(model)
-    assert fd.use_fast_decode(model, 10**9) is None  # never for a model it does not cover
+    assert fd.not_covered(model) == "blocks.0.attn.qkv is a LoRALinear"
 
 
-def test_a_model_kept_eager_where_the_c_step_would_pay_says_why(monkeypatch):
-    monkeypatch.setattr(fd, "fast_decode_pays", lambda device, dtype, tokens: tokens >= 1000)
-    model = tiny_model(rope=True)
-    assert fd.eager_because(model, 10**6) is None  # one it covers: nothing to say
-    apply_lora(model)
-    assert fd.eager_because(model, 999) is None  # eager anyway: nothing to say
-    assert fd.eager_because(model, 1000) == "blocks.0.attn.qkv is a LoRALinear"
+# ----------------------------------------------------------------------------------------------
+# --decode-step: the one flag, and what it puts in place
+
+
+def test_decode_step_flag_is_one_choice_of_three_auto_by_default():
+    p = argparse.ArgumentParser()
+    fd.add_decode_step_arg(p)
+    assert p.parse_args([]).decode_step == "auto" and p.parse_args(["--decode-step", "c"]).decode_step == "c"
+    with pytest.raises(SystemExit):
+        p.parse_args(["--decode-step", "compiled"])
+    q = argparse.ArgumentParser()
+    fd.add_decode_step_arg(q, default="model")
+    assert q.parse_args([]).decode_step == "model"
+
+
+def test_each_choice_puts_its_step_in_place_and_says_which(monkeypatch):
+    monkeypatch.setattr(fd, "MEASURED", {"float32": (5.0, 2.0, 0.3)})  # pays after 100 tokens
+    rope, learned, lora = tiny_model(rope=True), tiny_model(), tiny_model(rope=True)
+    apply_lora(lora)
+    assert fd.use_decode_step(rope, "model", 10**6) == "decoding with model.py's step (--decode-step model)"
+    assert fd.use_decode_step(rope, "auto", 99) == ("decoding with model.py's step: building the C step would not "
+                                                    "pay for 99 tokens (--decode-step c: build it anyway)")
+    assert fd.use_decode_step(learned, "auto", 10**6) == (
+        "decoding with model.py's step: auto takes the C step for rope models, whose cache slides (--decode-step c: "
+        "here too)")
+    assert fd.use_decode_step(lora, "auto", 10**6) == fd.use_decode_step(lora, "c", 1) == (
+        "decoding with model.py's step, not the C step: blocks.0.attn.qkv is a LoRALinear")
+    assert not any("decode" in vars(m) for m in (rope, learned, lora))
+    assert C_STEP_LINE.fullmatch(fd.use_decode_step(rope, "auto", 100))
+    assert isinstance(rope.decode, fd.FastDecode)
+    assert C_STEP_LINE.fullmatch(fd.use_decode_step(learned, "c", 1))  # c: wherever it builds, learned positions too
+    assert isinstance(learned.decode, fd.FastDecode)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -277,21 +387,53 @@ def test_context_losses_with_the_c_step_equal_the_eager_ones():
 
 
 @pytest.mark.parametrize("temperature", ["0", "0.8"])
-def test_sample_writes_the_same_story_with_the_c_step(data_dir, tmp_path, monkeypatch, temperature):
-    """sample.py's story, greedy and sampled (seeded), eager (made not to pay) and with the C step (made to
-    pay): the same tokens, past the window (16)."""
+def test_sample_writes_the_same_story_with_each_decode_step(data_dir, tmp_path, monkeypatch, temperature):
+    """sample.py's story, greedy and sampled (seeded), with each --decode-step, past the window (16): the same
+    tokens on stdout (the story alone), and which step wrote them as the first line on stderr. The default,
+    auto, takes the C step where its build pays (made to pay, then not), c wherever it builds, model never;
+    --no-cache has no one-token step."""
     import sample
 
     checkpoint = tmp_path / "r"
     save_checkpoint(checkpoint, tiny_model(vocab_size=300, rope=True), tokenizer_hash=data_tokenizer_hash(data_dir))
     argv = [str(checkpoint), "--prompt", "Lily saw", "--max-new-tokens", "40", "--temperature", temperature,
             "--data-dir", str(data_dir), "--device", "cpu"]
-    stories, said = [], []
-    for figures in ((1.0, 1.0, 0.0), (10.0, 1.0, 0.0)):  # saves nothing: never pays; then pays at once
+    pays, never = (10.0, 1.0, 0.0), (1.0, 1.0, 0.0)  # saves 9 ms a token, built at once; saves nothing
+    cases = [([], pays, C_STEP_LINE),
+             ([], never, "decoding with model.py's step: building the C step would not pay for 40 tokens "
+                         "(--decode-step c: build it anyway)"),
+             (["--decode-step", "auto"], pays, C_STEP_LINE),
+             (["--decode-step", "c"], never, C_STEP_LINE),
+             (["--decode-step", "model"], pays, "decoding with model.py's step (--decode-step model)"),
+             (["--no-cache", "--decode-step", "c"], pays,
+              "decoding with model.py's forward over the last window for each token (--no-cache)")]
+    stories = []
+    for flags, figures, first_line in cases:
         monkeypatch.setitem(fd.MEASURED, "float32", figures)
-        stderr = io.StringIO()
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(stderr):
-            stories.append(sample.main(argv))
-        said.append(stderr.getvalue())
-    assert "one-token step in C" not in said[0] and "one-token step in C" in said[1], said
-    assert stories[1] == stories[0] and len(stories[0]) > 0
+        stdout, stderr = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            stories.append(sample.main(argv + flags))
+        said = stderr.getvalue().splitlines()
+        assert len(said) == 1 and (re.fullmatch(first_line, said[0]) if isinstance(first_line, re.Pattern)
+                                   else said[0] == first_line), (flags, said)
+        assert stdout.getvalue() == "Lily saw" + stories[-1] + "\n"  # the story, and nothing else
+    assert len(stories[0]) > 0 and all(story == stories[0] for story in stories), stories
+
+
+def test_sample_with_a_compiler_that_fails_writes_with_the_models_step(data_dir, tmp_path, monkeypatch, fresh_build):
+    """The C step is an optimisation, never a failure: sample.py says why in its first line and writes the
+    story model.py's step writes."""
+    import sample
+
+    checkpoint = tmp_path / "r"
+    save_checkpoint(checkpoint, tiny_model(vocab_size=300, rope=True), tokenizer_hash=data_tokenizer_hash(data_dir))
+    argv = [str(checkpoint), "--prompt", "Lily saw", "--max-new-tokens", "40", "--temperature", "0",
+            "--data-dir", str(data_dir), "--device", "cpu"]
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        eager = sample.main([*argv, "--decode-step", "model"])
+    monkeypatch.setenv("CC", str(fake_compiler(tmp_path, CC_FAILURES["fails"][0])))
+    stderr = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(stderr):
+        story = sample.main([*argv, "--decode-step", "c"])
+    assert stderr.getvalue() == f"decoding with model.py's step, not the C step: {CC_FAILURES['fails'][1]}\n"
+    assert story == eager

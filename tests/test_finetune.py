@@ -142,28 +142,29 @@ def test_learned_positions_get_their_own_run_folder(world, monkeypatch):
 
 
 @pytest.mark.parametrize("flags, words", [
-    (["--rank", "0"], "--rank must be at least 1"),
-    (["--alpha", "-1"], "--alpha must be positive"),
-    (["--lr", "0"], "--lr must be a positive number"),
-    (["--lr", "nan"], "--lr must be a positive number"),
-    (["--max-steps", "0"], "--max-steps must be at least 1"),
-    (["--batch-size", "0"], "--batch-size must be at least 1"),
-    (["--minutes", "-2"], "--minutes must be >= 0"),
-    (["--prompts", "-1"], "--prompts must be >= 0"),
-    (["--measure", "--merge", "x"], "separate steps"),
-    (["--resume", "--measure"], "--resume trains"),
+    (["--rank", "0"], "argument --rank: 0 is out of range: give a whole number >= 1"),
+    (["--alpha", "-1"], "argument --alpha: -1 is out of range: give a number above 0"),
+    (["--lr", "0"], "argument --lr: 0 is out of range: give a number above 0"),
+    (["--lr", "nan"], "argument --lr: nan is not a finite number: give a number above 0"),
+    (["--max-steps", "0"], "argument --max-steps: 0 is out of range: give a whole number >= 1"),
+    (["--batch-size", "0"], "argument --batch-size: 0 is out of range: give a whole number >= 1"),
+    (["--minutes", "-2"], "argument --minutes: -2 is out of range: give a number >= 0"),
+    (["--prompts", "-1"], "argument --prompts: -1 is out of range: give a whole number >= 0"),
+    (["--measure", "--merge", "x"], "--measure and --merge are separate steps: run one, then the other"),
+    (["--resume", "--measure"], "--resume trains: drop it with --measure or --merge"),
 ])
-def test_bad_flags_are_one_line_errors(flags, words, tmp_path):
+def test_bad_flags_are_one_line_errors(flags, words, tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         finetune.main([*flags, "--data-dir", str(tmp_path / "nothing-read-yet")])
-    message = str(e.value)
-    assert message.startswith("error: ") and words in message and "\n" not in message
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith(f"error: {words} (see ") and err.count("\n") == 1, err
 
 
 def test_errors_from_the_command_line_are_one_line(world):
     root = world["root"]
     bad = script("--rank", "0")
-    assert bad.returncode != 0 and bad.stderr.strip() == "error: --rank must be at least 1"
+    assert bad.returncode == 2 and bad.stderr == ("error: argument --rank: 0 is out of range: give a whole number >= 1 "
+                                                   "(see finetune.py --help)\n")
     # an adapter put on another base: one line, nothing written
     other = script("--init-from", str(root / "base"), *world["common"], "--out-dir", str(root / "lora-rope"),
                    "--measure", "--prompts", "1")
@@ -174,3 +175,36 @@ def test_errors_from_the_command_line_are_one_line(world):
                      "--resume")
     assert missing.returncode != 0 and missing.stderr.strip().startswith("error: no adapter at")
     assert not (root / "none").exists()
+
+
+def test_a_json_over_the_adapter_being_made_is_refused(world, tmp_path):
+    out = tmp_path / "lora"
+    with pytest.raises(SystemExit) as e:
+        finetune.main(["--init-from", str(world["root"] / "base-rope"), *world["common"], "--out-dir", str(out),
+                       "--max-steps", "2", *FAST, "--json", str(out / "adapter.pt")])
+    assert e.value.code == (f"error: --json {out / 'adapter.pt'} is a file of --out-dir {out}, which this command "
+                            "writes: pick another file")
+    assert not out.exists()
+
+
+def test_a_rank_past_the_layers_width_is_refused_before_any_work(world, tmp_path):
+    # the tiny base's layers are 32 wide: a rank-16 update of a 32 x 32 layer holds as many weights as it
+    with pytest.raises(SystemExit) as e:
+        finetune.main(["--init-from", str(world["root"] / "base-rope"), *world["common"], "--out-dir",
+                       str(tmp_path / "lora"), "--rank", "16", *FAST])
+    assert e.value.code == ("error: --rank 16 makes an update larger than the layer it adapts (this model's smallest "
+                            "takes rank 15 at most): give a smaller --rank (default 8)")
+    assert not (tmp_path / "lora").exists()
+
+
+def test_a_fine_tune_trains_in_the_precision_pretraining_does(world, tmp_path):
+    """bf16 products where native, as pretrain.py: the dtype is in the adapter's args, and the losses differ
+    from a float32 run's by bf16's rounding, not more."""
+    runs = {}
+    for dtype in ("bfloat16", "float32"):
+        summary = finetune.main(["--init-from", str(world["root"] / "base-rope"), *world["common"], "--out-dir",
+                                 str(tmp_path / dtype), "--max-steps", "3", *FAST, "--dtype", dtype])
+        runs[dtype] = read_adapter(tmp_path / dtype)
+        assert runs[dtype]["args"]["dtype"] == dtype and summary["steps"] == 3
+    bf16, fp32 = runs["bfloat16"]["losses"], runs["float32"]["losses"]
+    assert bf16 != fp32 and max(abs(a - b) for a, b in zip(bf16, fp32, strict=True)) < 0.05

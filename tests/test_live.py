@@ -187,7 +187,7 @@ def test_a_write_request_takes_its_values_and_defaults():
     (dict(models="gpt-4"), "unknown model 'gpt-4': this server has pretrain-rope, pretrain"),
     (dict(models=""), "no model asked for"),
     (dict(models="pretrain", temperature="hot"), "temperature: 'hot' is not a number: give a number from 0 to 5"),
-    (dict(models="pretrain", temperature="nan"), "temperature: nan is out of range"),
+    (dict(models="pretrain", temperature="nan"), "temperature: nan is not a finite number"),
     (dict(models="pretrain", temperature="-1"), "temperature: -1 is out of range"),
     (dict(models="pretrain", temperature="9"), "temperature: 9 is out of range: give a number from 0 to 5"),
     (dict(models="pretrain", top_k="0"), "top_k: 0 is out of range: give a whole number from 1 to 8,192"),

@@ -55,3 +55,27 @@ def test_memory_is_computed_and_measured():
     assert large["kv_bytes"] == 16384 * 2 * 2 * 32 * 4
     logits = 16384 * 300 * 4
     assert large["peak_bytes"] >= large["kv_bytes"] + logits > small["peak_bytes"]  # cache and logits are in it
+
+
+@pytest.mark.parametrize("choice", [None, "model", "auto", "c"])
+def test_the_caches_reads_take_the_models_step_unless_told(data_dir, tmp_path, capsys, choice, monkeypatch):
+    """--decode-step: model.py's step by default (and with model: nothing said); c, or auto where its build
+    pays (made to here), put the C step in place and say so; the losses are the model's step's either way."""
+    import mvgpt.perf.fast_decode as fd
+
+    monkeypatch.setitem(fd.MEASURED, "float32", (10.0, 1.0, 0.0))  # pays at once
+    save_checkpoint(tmp_path / "pretrain-rope", tiny_model(vocab_size=300, rope=True),
+                    tokenizer_hash=data_tokenizer_hash(data_dir))
+    argv = [str(tmp_path / "pretrain-rope"), "--device", "cpu", "--data-dir", str(data_dir), "--sinks", "2",
+            "--streams", "1"]
+    eager = long_context.main(argv)
+    capsys.readouterr()
+    got = long_context.main(argv + (["--decode-step", choice] if choice else []))
+    said = [line for line in capsys.readouterr().out.splitlines() if "decoding with" in line]
+    if choice in (None, "model"):
+        assert said == [] and got["rows"][0]["position_losses"] == eager["rows"][0]["position_losses"]
+    else:
+        assert len(said) == 1 and said[0].startswith("pretrain-rope: decoding with the C step (mvgpt/perf/one_token.c")
+    for row, eager_row in zip(got["rows"], eager["rows"], strict=True):
+        assert row["method"] == eager_row["method"]
+        assert row["position_losses"] == pytest.approx(eager_row["position_losses"], abs=1e-5)

@@ -1,5 +1,6 @@
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -68,10 +69,11 @@ def test_the_default_steps_fit_the_first_kind_into_ten_minutes_and_max_steps_100
     commands = fake_job(monkeypatch, data_dir, tmp_path)
     main.main(["--out", str(tmp_path), "--device", "cpu"])
     said = capsys.readouterr().out
-    # 2 s a step, 40 s compiling, evaluations and checkpoints every 25 steps: 225 steps in ten minutes
-    assert [c[c.index("--max-steps") + 1] for c in pretrain_commands(commands)] == ["225", "225"]
-    assert [c[c.index("--warmup") + 1] for c in pretrain_commands(commands)] == ["45", "45"]  # a fifth, as 200 of 1,000
-    assert "plan (225 steps each, about ten minutes for the first kind here; measured in 90 s" in said
+    # 2 s a step, 40 s compiling, evaluations and checkpoints every 25 steps: 225 steps in ten minutes, fewer
+    # than a useful model needs; the floor's 300 take 12.5 minutes, so the floor it is, and the plan says why
+    assert [c[c.index("--max-steps") + 1] for c in pretrain_commands(commands)] == ["300", "300"]
+    assert [c[c.index("--warmup") + 1] for c in pretrain_commands(commands)] == ["60", "60"]  # a fifth, as 200 of 1,000
+    assert "plan (300 steps each, the floor for a useful model: this machine is slow; measured in 90 s" in said
     stages = ["pretrain (learned)", "pretrain (rope)", "evaluate", "context", "long-context fine-tune", "sweep",
               "sinks", "dynamic", "LoRA fine-tune", "report"]
     assert [line.split(":")[0] for line in said.splitlines() if line.startswith("[")] == [f"[{s}" for s in stages]
@@ -120,3 +122,52 @@ def test_a_measurement_is_up_to_date_when_newer_than_every_checkpoint_it_reads(t
     (data / "meta.json").unlink()
     os.utime(out, (0, 0))  # older than the checkpoint
     assert not main.up_to_date(out, [tmp_path / "a"], data)
+
+
+def test_sigterm_while_the_job_measures_the_machine_is_one_line_and_exit_143(corpus_dir, tmp_path):
+    """Between the steps no step holds the signal: the job itself ends in one line, and nothing is lost."""
+    code = ("import sys, time; sys.argv[0] = 'main.py'; import main\n"
+            "def measuring(*args):\n    print('measuring', flush=True); time.sleep(60)\n"
+            "main.plan_job = measuring\n"
+            f"main.main(['--source', {str(corpus_dir)!r}, '--tiny', '--out', {str(tmp_path / 'job')!r}])\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "scripts")]))
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=env)
+    for line in child.stdout:
+        if line.startswith("measuring"):
+            break
+    child.send_signal(signal.SIGTERM)
+    _, err = child.communicate(timeout=60)
+    assert child.returncode == 143 and err == ("terminated (SIGTERM): nothing is lost: run the same command again: "
+                                               "the steps done are skipped, training resumes\n")
+    assert (tmp_path / "job" / "data" / "meta.json").exists()  # the data prepared before is kept
+
+
+def test_a_busy_moment_is_measured_again_and_a_machine_still_too_slow_is_told_so_with_a_smaller_job(
+        monkeypatch, data_dir, tmp_path, capsys):
+    import main
+    import pytest
+
+    from mvgpt.perf import plan
+
+    commands = fake_job(monkeypatch, data_dir, tmp_path)
+    busy = plan.Rates(step_s={"learned": 6.8, "rope": 6.0}, compile_s={"learned": 8.0, "rope": 6.0},
+                      eager_step_s={"auto": 7.0, "float32": 9.0}, eval_s=0.25, eval_float32_s=0.3, window_s=1.4,
+                      token_s=0.006, seconds=147.0, other_cores=1.1)
+    quiet = plan.Rates(**{**busy.__dict__, "step_s": {"learned": 0.9, "rope": 0.8}, "other_cores": 0.0})
+    measured = [busy, quiet]
+    monkeypatch.setattr(plan, "measure", lambda *args, **kwargs: measured.pop(0))
+    main.main(["--out", str(tmp_path), "--device", "cpu"])
+    said = capsys.readouterr().out
+    assert "the machine looks busy (other programs kept 1.1 cores busy while the plan measured): measuring again" \
+        in said and measured == []
+    assert [c[c.index("--max-steps") + 1] for c in pretrain_commands(commands)] == ["550", "550"]  # the quiet figures
+    # busy both times: no job that trains a useless model, but one line with what to run instead
+    commands.clear()
+    monkeypatch.setattr(plan, "measure", lambda *args, **kwargs: busy)
+    with pytest.raises(SystemExit) as e:
+        main.main(["--out", str(tmp_path), "--device", "cpu"])
+    assert str(e.value.code).startswith("error: this machine took 6.80 s a pretraining step while the plan measured "
+                                        "(other programs kept 1.1 cores busy while the plan measured): ten minutes "
+                                        "would train 75 steps a model")
+    assert pretrain_commands(commands) == []

@@ -45,8 +45,10 @@ from mvgpt.checkpoint import read_checkpoint, save_checkpoint
 from mvgpt.data import data_tokenizer_hash, load_tokens, prepare
 from mvgpt.device import pick_device
 from mvgpt.kit.errors import UserError
-from mvgpt.kit.runfolder import LossWatch, RunLock, claim, claim_file, holds, process_start, read_log
+from mvgpt.kit.runfolder import RunLock, claim, claim_file, holds, process_start
+from mvgpt.kit.runlog import read_log
 from mvgpt.model import sample
+from mvgpt.train import LossWatch
 
 SCRIPTS = ROOT / "scripts"
 RUN = "--batch-size 4 --eval-batches 1"  # a resumed tiny run's flags (its model comes from its checkpoint)
@@ -98,7 +100,13 @@ HARMS: list[Harm] = [
     Harm("prepare", "--source stories2", "data holds data prepared from stories", FOLDERS,
          why="another source over data runs were trained on"),
     Harm("pretrain", "--max-steps 1 --out-dir checkpoints/new --json checkpoints/pretrain/ckpt.pt",
-         "is part of a run (ckpt.pt) in checkpoints/pretrain", FOLDERS, why="a summary over a checkpoint"),
+         "is part of a run (ckpt.pt) in checkpoints/pretrain", FOLDERS, code=2, why="a summary over a checkpoint"),
+    Harm("pretrain", "--max-steps 1 --out-dir checkpoints/new --json checkpoints/new/ckpt.pt",
+         "is a file of --out-dir checkpoints/new, which this command writes", FOLDERS,
+         why="a summary over the checkpoint the run is about to write"),
+    Harm("finetune", f"{BASE} --max-steps 2 --prompts 0 --out-dir checkpoints/lora-new --json "
+         "checkpoints/lora-new/adapter.pt", "is a file of --out-dir checkpoints/lora-new, which this command writes",
+         FOLDERS, why="a summary over the adapter the fine-tune is about to write"),
     Harm("evaluate", "checkpoints/pretrain --json data/meta.json", "is part of prepared data (meta.json) in data",
          FOLDERS, code=2),
     # a resume continues the checkpoint's run
@@ -128,7 +136,7 @@ HARMS: list[Harm] = [
          why="a flipped bit in the weights"),
     # full disks: one line, and the file before kept
     Harm("pretrain", f"--out-dir checkpoints/full-ckpt --resume --max-steps 12 --ckpt-every 1 {RUN}",
-         "the disk is full: checkpoints/full-ckpt/ckpt.pt not saved (the previous one, if any, is kept)", FULL,
+         "the disk is full: checkpoints/full-ckpt/ckpt.pt not saved (the previous checkpoint, if any, is kept)", FULL,
          disk_full=".ckpt.pt.tmp*", grows=("checkpoints/full-ckpt/log.jsonl",)),
     Harm("pretrain", f"--out-dir checkpoints/full-log --resume --max-steps 12 {RUN}",
          "cannot write checkpoints/full-log/log.jsonl at step 11 (No space left on device)", FULL,
@@ -152,7 +160,7 @@ HARMS: list[Harm] = [
          why="a device torch knows, this machine lacks"),
     Harm("sample", "checkpoints/pretrain --seed 18446744073709551616", "--seed: 18446744073709551616 is out of range",
          CRAFTED, code=2),
-    Harm("pretrain", "--seed 18446744073709551616", "--seed 18446744073709551616 must be at most", CRAFTED, code=2),
+    Harm("pretrain", "--seed 18446744073709551616", "--seed: 18446744073709551616 is out of range", CRAFTED, code=2),
     Harm("sample", "checkpoints/ibase --data-dir idata --adapter rank0.pt", "adapter rank0.pt has rank 0, which no "
          "adapter can have", CRAFTED),
     Harm("sample", "checkpoints/ibase --data-dir idata --adapter rank-huge.pt", "has rank 1000000000000 (its weights "

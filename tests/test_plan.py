@@ -6,7 +6,18 @@ from conftest import tiny_config
 
 from mvgpt.perf import plan
 from mvgpt.perf.flops import forward_flops, training_flops_per_token
-from mvgpt.perf.plan import PROCESS_S, REPORT_S, SAVE_S, Job, Progress, Rates, measure, stages, steps_for
+from mvgpt.perf.plan import (
+    PROCESS_S,
+    REPORT_S,
+    SAVE_S,
+    Job,
+    Progress,
+    Rates,
+    below_floor,
+    measure,
+    stages,
+    steps_for,
+)
 
 
 def rates(**overrides) -> Rates:
@@ -34,30 +45,69 @@ class Timestamps:
         return self.stamps[self.calls - 1]
 
 
-def test_measure_times_each_kind_of_work_and_keeps_the_first_steps_extra_as_its_compile_time(monkeypatch):
+class Quiet:
+    """An OtherLoad that reads no clock and saw nothing else running (or `cores`, set by a test)."""
+
+    cores: float | None = 0.0
+
+    def __init__(self, clock) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+
+def test_measure_times_each_kind_once_a_round_keeps_the_median_and_the_first_calls_extra_as_compiling(monkeypatch):
     compiled = []
     monkeypatch.setattr(plan.torch, "compile", lambda model: compiled.append(model) or model)  # no inductor here
-    durations = [5.0, 1.0, 1.25, 0.75,  # learned: the first step (compiling), then three (binary fractions: exact sums)
-                 9.0, 2.0, 2.0, 3.0,  # rope
-                 4.0, 1.5, 1.5, 1.5,  # rope eager, float32 (the run's dtype here)
-                 1.0, 0.25, 0.25,  # evaluate's batch (the first call left out)
-                 1.0, 0.25, 0.25,  # the same in float32
-                 0.5, 0.0625, 0.0625,  # a window's re-run
-                 0.125, 2**-7, 2**-7, 2**-7, 2**-7, 2**-7]  # cached steps
-    clock = Timestamps(durations)
+    names = ["learned", "rope", "eager auto", "eval", "eval float32", "window", "token", "peak"]
+    first = [5.0, 9.0, 4.0, 1.0, 1.0, 0.5, 0.125, 0.5]  # compiling, warming up
+    each = [1.0, 2.0, 1.5, 0.25, 0.25, 0.0625, 2**-7, 2**-9]  # binary fractions: exact sums
+    rounds = []
+    for r in range(5):
+        one = list(each)
+        one[0] = 8.0 if r == 2 else 1.0  # a burst of load, in one round: the learned step's third sample
+        rounds += one
+    clock = Timestamps(first + rounds)
     r = measure(tiny_config(), tiny_config(rope=True), torch.device("cpu"), torch.float32, compile=True,
-                batch_size=2, clock=clock)
-    assert clock.calls == len(clock.stamps)  # every timed call read the clock twice, and nothing else did
+                batch_size=2, clock=clock, load=Quiet)
+    assert len(names) == len(first) and clock.calls == len(clock.stamps)  # every call timed, nothing else read
     assert r.step_s == {"learned": 1.0, "rope": 2.0} and r.compile_s == {"learned": 4.0, "rope": 7.0}
+    assert r.spread == 8.0  # the burst shows, and is not the rate
     assert r.eager_step_s == {"auto": 1.5, "float32": 1.5}
     assert (r.eval_s, r.eval_float32_s, r.window_s, r.token_s) == (0.25, 0.25, 0.0625, 2**-7)
-    assert r.seconds == sum(durations)
+    peak = 2 * 512**3 / 2**-9
+    assert r.share_of_peak == 2 * 16 * training_flops_per_token(tiny_config()) / 1.0 / peak
+    assert r.seconds == sum(first + rounds) and r.other_cores == 0.0
+    assert r.busy() == "a training step ran at 0.00 of the matrix peak measured beside it"  # made-up seconds
     assert [m.config.rope for m in compiled] == [False, True]  # each kind's step compiled, as pretrain.py will
     # nothing left to train: the steps are not measured (nor compiled), the rest is
-    clock = Timestamps(durations[12:])
+    clock = Timestamps(first[3:] + each[3:] * 5)
     r = measure(tiny_config(), tiny_config(rope=True), torch.device("cpu"), torch.float32, compile=True,
-                batch_size=2, training=False, clock=clock)
-    assert r.step_s == {} and r.token_s == 2**-7 and len(compiled) == 2
+                batch_size=2, training=False, clock=clock, load=Quiet)
+    assert r.step_s == {} and r.token_s == 2**-7 and len(compiled) == 2 and clock.calls == len(clock.stamps)
+
+
+def test_the_plan_says_the_machine_is_busy_from_other_programs_or_a_step_far_below_the_peak():
+    assert rates(other_cores=0.2, share_of_peak=0.4).busy() is None
+    assert rates(other_cores=1.1, share_of_peak=0.4).busy() == \
+        "other programs kept 1.1 cores busy while the plan measured"
+    assert rates(other_cores=None, share_of_peak=0.05).busy() == \
+        "a training step ran at 0.05 of the matrix peak measured beside it"
+
+
+def test_a_machine_too_slow_or_busy_for_the_default_is_told_so_with_a_smaller_job():
+    assert below_floor(rates()) is None  # 225 steps fit ten minutes, 300 take 12.5 of them: slow, but it trains
+    busy = rates(step_s={"learned": 6.8, "rope": 6.0}, other_cores=1.1)
+    assert steps_for(busy) == 75 and below_floor(busy) == (
+        "this machine took 6.80 s a pretraining step while the plan measured (other programs kept 1.1 cores busy "
+        "while the plan measured): ten minutes would train 75 steps a model, fewer than the 300 a useful one "
+        "needs: run it when the machine is quieter, ask for the steps, `python scripts/main.py --max-steps 300` "
+        f"(about {(PROCESS_S + 40 + 300 * (6.8 + (16 * 0.5 + SAVE_S) / 25)) / 60:.1f} min a model here), or "
+        "check the install in minutes with `python scripts/main.py --tiny`")
 
 
 def test_the_default_steps_take_the_first_kind_about_ten_minutes_and_never_more_than_1000():
@@ -116,7 +166,7 @@ def test_the_plan_prints_each_stage_and_the_total_then_the_time_left_after_each(
     said, now = [], [100.0]
     stages_ = [plan.Stage("pretrain (learned)", 600.0, "225 steps"), plan.Stage("evaluate", 120.0, "1 token"),
                plan.Stage("report", 30.0, "tables")]
-    progress = Progress(stages_, started=10.0, clock=lambda: now[0], say=said.append)
+    progress = Progress(stages_, started=10.0, clock=lambda: now[0], say=said.append, load=Quiet)
     progress.show("225 steps each")
     assert said[0].splitlines() == [
         "plan (225 steps each):",
@@ -124,14 +174,44 @@ def test_the_plan_prints_each_stage_and_the_total_then_the_time_left_after_each(
         "  evaluate            1 token                    2.0 min",
         "  report              tables                     0.5 min",
         "  total                                         12.5 min, 14.0 min with the 1.5 min so far"]
-    now[0] = 100.0 + 660.0
+    now[0] = 100.0 + 630.0  # 1.05x its plan: the rest is planned again, but by less than a tenth: not said
     progress.done("pretrain (learned)")
-    assert said[1] == "\n[pretrain (learned): 11.0 min (planned 10.0 min); about 2.5 min left, 12.5 min so far]"
+    assert said[1] == "\n[pretrain (learned): 10.5 min (planned 10.0 min); about 2.6 min left, 12.0 min so far]"
     now[0] += 60.0
-    progress.done("evaluate")
-    assert said[2] == "\n[evaluate: 1.0 min (planned 2.0 min); about 0.5 min left, 13.5 min so far]"
+    progress.done("evaluate")  # the two stages so far: 690 s for 720 planned
+    assert said[2] == "\n[evaluate: 1.0 min (planned 2.0 min); about 0.5 min left, 13.0 min so far]"
     assert math.isclose(progress.total, 750.0)
-    assert progress.summary() == {"planned_s": 840.0, "took_s": 810.0, "stages": [
-        {"stage": "pretrain (learned)", "planned_s": 600.0, "took_s": 660.0},
-        {"stage": "evaluate", "planned_s": 120.0, "took_s": 60.0}]}
+    assert progress.summary() == {"planned_s": 840.0, "took_s": 780.0, "stages": [
+        {"stage": "pretrain (learned)", "planned_s": 600.0, "took_s": 630.0, "other_cores": 0.0},
+        {"stage": "evaluate", "planned_s": 120.0, "took_s": 60.0, "other_cores": 0.0}]}
 
+
+def test_a_plan_measured_in_a_busy_moment_is_planned_again_from_what_its_first_stage_took():
+    """The issue's job: 75 steps planned at 6.8 s, trained at 0.9 s: the time left follows the stages."""
+    said, now = [], [0.0]
+    stages_ = [plan.Stage("pretrain (learned)", 600.0), plan.Stage("pretrain (rope)", 540.0),
+               plan.Stage("context", 11_500.0), plan.Stage("report", 30.0)]
+    progress = Progress(stages_, clock=lambda: now[0], say=said.append, load=Quiet)
+    now[0] = 114.0  # 0.19x the plan
+    progress.done("pretrain (learned)")
+    assert said[-1] == ("\n[pretrain (learned): 1.9 min (planned 10.0 min); the stages so far took 0.19x their plan: "
+                        "the rest planned again, from 201.2 min to 38.2 min; about 38.2 min left, 1.9 min so far]")
+    now[0] += 540.0  # a core taken since: the rope run took its whole plan, and the estimate moves back up
+    progress.done("pretrain (rope)")
+    assert progress.pace == (114.0 + 540.0) / 1140.0
+    assert said[-1].startswith("\n[pretrain (rope): 9.0 min (planned 9.0 min); the stages so far took 0.57x their "
+                               "plan: the rest planned again, from 36.5 min to 110.2 min; about 110.2 min left")
+
+
+def test_a_stage_far_slower_than_planned_is_said_with_what_other_programs_took_meanwhile():
+    said, now = [], [0.0]
+
+    class Busy(Quiet):
+        cores = 1.2
+
+    progress = Progress([plan.Stage("pretrain (rope)", 300.0), plan.Stage("report", 30.0)], clock=lambda: now[0],
+                        say=said.append, load=Busy)
+    now[0] = 700.0
+    progress.done("pretrain (rope)")
+    assert said[-1].startswith("\n[pretrain (rope): 11.7 min (planned 5.0 min); pretrain (rope) took 2.3x its plan: "
+                               "other programs kept 1.2 cores busy meanwhile; ")

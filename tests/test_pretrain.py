@@ -13,8 +13,9 @@ import pytest
 import torch
 from conftest import ROOT
 
-from mvgpt.checkpoint import load_model, read_checkpoint
+from mvgpt.checkpoint import load_model, read_checkpoint, save_checkpoint
 from mvgpt.data import get_batch, load_tokens
+from mvgpt.model import GPT, GPTConfig
 from mvgpt.train import cosine, lr_at
 
 TINY = ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "16", "--batch-size", "4",
@@ -395,8 +396,12 @@ def test_json_summary(root):
 
 def test_an_unwritable_json_path_fails_before_training(root, capsys):
     (root / "file").write_text("")
-    with pytest.raises(SystemExit, match="cannot write --json"):
+    with pytest.raises(SystemExit) as e:
         train(root, "w", "--max-steps", "4", "--json", str(root / "file" / "run.json"))
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and err.startswith(
+        f"error: argument --json: cannot write {root / 'file' / 'run.json'}: {root / 'file'} is a file, not a folder "
+        "(see "), err  # (see PROG --help): PROG is how pytest was started
     assert not (root / "w").exists()
 
 
@@ -425,7 +430,8 @@ def test_a_bad_flag_is_one_line_and_exit_2_before_any_work(root, capsys, bad):
 def test_a_bad_flag_from_the_command_line_has_no_traceback(root):
     done = script(*run_args(root, "x", "--lr", "nan"))
     out, _ = done.communicate(timeout=120)
-    assert done.returncode == 2 and out.count("\n") == 1 and "--lr nan is not a finite number" in out, out
+    assert done.returncode == 2 and out == ("error: argument --lr: nan is not a finite number: give a number above 0 "
+                                            "(see pretrain.py --help)\n"), out
     assert not (root / "x").exists()
 
 
@@ -509,3 +515,33 @@ def test_the_episode_command_after_the_main_job_trains_beside_its_run(data_dir, 
     assert resumed["args"]["out_dir"] == "checkpoints/pretrain-rope-3" and resumed["steps"] == 4
     assert (tmp_path / "checkpoints" / "pretrain-rope" / "ckpt.pt").read_bytes() == main_job
     assert not (tmp_path / "checkpoints" / "pretrain-rope-4").exists()
+
+
+@pytest.mark.parametrize("name", ["ckpt.pt", "log.jsonl", "lock"])
+def test_a_json_over_a_file_of_the_run_being_made_is_refused_before_training(root, capsys, name):
+    with pytest.raises(SystemExit) as e:
+        train(root, "new", "--max-steps", "2", "--json", str(root / "new" / name))
+    assert e.value.code == (f"error: --json {root / 'new' / name} is a file of --out-dir {root / 'new'}, which this "
+                            "command writes: pick another file")
+    assert not (root / "new").exists()
+
+
+def test_a_json_beside_the_run_files_in_its_folder_is_written(root):
+    summary = train(root, "new", "--max-steps", "2", "--json", str(root / "new" / "summary.json"))
+    assert json.loads((root / "new" / "summary.json").read_text())["steps"] == summary["steps"] == 2
+
+
+def test_a_run_folder_named_like_a_file_trains_saves_and_resumes(root):
+    train(root, "run.pt", "--max-steps", "2")
+    assert sorted(p.name for p in (root / "run.pt").iterdir()) == ["ckpt.pt", "log.jsonl"]
+    assert train(root, "run.pt", "--max-steps", "4", "--resume")["steps"] == 4
+
+
+def test_init_from_a_checkpoint_with_no_tokenizer_hash_and_fewer_token_ids_than_the_data_is_one_line(root):
+    save_checkpoint(root / "old", GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=32)),
+                    step=1)
+    with pytest.raises(SystemExit) as e:
+        train(root, "new", "--max-steps", "2", "--init-from", str(root / "old"))
+    assert e.value.code == (f"error: {root / 'old'} reads 64 token ids, but the data's tokenizer makes 300: pass the "
+                            "--data-dir it was trained on")
+    assert not (root / "new").exists()

@@ -75,8 +75,8 @@ def bench_json(full: bool) -> dict:
               "training": [*b["training"], {**training, "dtype": "bfloat16", "compiled": True, "attention": "sdpa",
                                             "tokens_per_s": 2400.0, "share_of_peak": 0.6, "profile": "addmm 40%"},
                            {**training, "compiled": True, "compile_s": 41.4, "profile": None}],  # not all profiled
-              "compiled_decoding": {"ms": 3.6, "compile_s": 14.0, "profile": "compiled", "eager_ms": 4.5,
-                                    "speedup": 1.25, "break_even_tokens": 1200.0}}
+              "c_step": {"ms": 3.6, "build_s": 14.0, "profile": "compiled", "eager_ms": 4.5,
+                         "speedup": 1.25, "break_even_tokens": 1200.0}}
         b["decoding"] |= {"dtype": "bfloat16", "cached_ms_by_dtype": {"float32": 6.0, "bfloat16": 8.0},
                           "floor_ms_by_dtype": {"float32": 4.0, "bfloat16": 2.0}, "floors_ratio": 17.0}
     return b
@@ -270,6 +270,18 @@ def test_context_table_and_its_speed_ratios(results):
     assert ("The sliding cache writes a token 6.0× faster than the rope model's sliding window, 4.0× faster than "
             "the learned model's, at a loss +0.0125 from the window's.") in context
     assert "2 streams of 96 held-out tokens; loss over the tokens past the first 32, on `cpu`." in context
+    assert "C step" not in context  # the committed JSON: context.py's three methods alone
+
+
+def test_context_table_shows_the_c_steps_row_where_there_is_one(results):
+    d = context_json()
+    d["rows"].insert(3, {**d["rows"][2], "method": "sliding cache, C step", "loss": 2.26251, "ms_per_token": 0.5})
+    (results / "context.json").write_text(json.dumps(d))
+    context = report.build(results)[0]["context"]
+    assert rows_of(context)[3:5] == [["`pretrain-rope`", "sliding cache", "2.2625", "2.00"],
+                                     ["`pretrain-rope`", "sliding cache, C step", "2.2625", "0.50"]]
+    assert ("With its one-token step in C (`mvgpt/perf/one_token.c`), the same sliding cache writes a token in 0.25 "
+            "of the time model.py's step takes, at a loss +0.0000 from it.") in context
 
 
 def test_sweep_is_loss_only_with_the_best_of_each_row_in_bold(tmp_path):
@@ -710,7 +722,7 @@ def test_stories_table_marks_where_each_story_passes_the_window():
 def test_decode_table_sets_each_step_beside_llama_cpp_and_its_floor():
     rows = [{"name": "mvGPT C step, float32", "threads": 1, "engine": "mvGPT", "step": "C step",
              "weights": "float32", "kv": "float32", "ms": 2.25, "cpu_ms": 2.0, "floor_ms": 1.5, "over_floor": 1.5,
-             "warmup_s": 6.4, "over_llama_cpp": 1.125},
+             "build_s": 6.4, "over_llama_cpp": 1.125},
             {"name": "llama.cpp, f32", "threads": 1, "engine": "llama.cpp", "step": "llama_decode", "weights": "f32",
              "kv": "f32", "ms": 2.0, "cpu_ms": 1.9, "floor_ms": 1.5, "over_floor": 4 / 3},
             {"name": "mvGPT re-run window, float32", "threads": 1, "engine": "mvGPT", "step": "re-run window",

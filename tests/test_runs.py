@@ -138,7 +138,8 @@ def test_sample_reads_a_lora_run_folder_on_its_base(tmp_path, data_dir):
                            "checkpoints/lora-rope"), sample("checkpoints/pretrain-rope"))
     assert folder.returncode == named.returncode == base.returncode == 0, folder.stderr + named.stderr
     assert folder.stdout == named.stdout != base.stdout  # the adapter is applied, on the right base
-    assert folder.stderr == "sampling with lora-rope (LoRA on pretrain-rope)\n" and named.stderr == ""
+    step = "decoding with model.py's step, not the C step: blocks.0.attn.qkv is a LoRALinear\n"  # said first
+    assert folder.stderr == step + "sampling with lora-rope (LoRA on pretrain-rope)\n" and named.stderr == step
     both = sample("checkpoints/lora-rope --adapter checkpoints/lora-rope")
     assert both.returncode == 1 and both.stdout == ""
     assert both.stderr == "error: checkpoints/lora-rope is a LoRA run already, on pretrain-rope: drop --adapter\n"

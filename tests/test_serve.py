@@ -3,9 +3,11 @@ in headless Chromium (skipped, with the reason, where none can be had)."""
 
 from __future__ import annotations
 
+import errno
 import http.client
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -14,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 
 import context
 import pytest
@@ -27,6 +30,7 @@ from mvgpt.data import data_tokenizer_hash, load_tokens
 from mvgpt.kit.errors import UserError
 from mvgpt.lora import save_adapter, weights_hash
 from mvgpt.model import KVCache
+from mvgpt.perf.fast_decode import FastDecode
 from mvgpt.tokenizer import Tokenizer
 
 W = 16  # conftest's tiny window
@@ -65,6 +69,40 @@ def get(srv, path: str, host: str | None = None) -> tuple[int, dict, bytes]:
     return response.status, dict(response.getheaders()), body
 
 
+def raw(srv, request: bytes, timeout: float = 30) -> tuple[int, dict, bytes]:
+    """A request sent as bytes, exactly (malformed ones too), and the answer read to the end."""
+    with socket.create_connection(srv.server_address[:2], timeout=timeout) as s:
+        s.sendall(request)
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    status_line, *lines = head.decode("latin-1").split("\r\n")
+    return int(status_line.split()[1]), dict(line.split(": ", 1) for line in lines), body
+
+
+@contextmanager
+def serving(app, host: str = "127.0.0.1"):
+    """A server of its own for app on host, any free port, stopped at the end."""
+    srv = serve.make_server(app, host, 0)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield srv
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def can_bind(address: str) -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind((address, 0))
+    except OSError:
+        return False
+    return True
+
+
 def events(body: bytes) -> list[tuple[str, dict]]:
     """A server-sent event stream's (event, data) pairs; comment lines are skipped."""
     out = []
@@ -89,6 +127,25 @@ def wait_until_free(app, seconds: float = 30) -> None:
 
 # ----------------------------------------------------------------------------------------------
 # What the page gets
+
+
+LEARNED_AUTO = ("decoding with model.py's step: auto takes the C step for rope models, whose cache slides "
+                "(--decode-step c: here too)")
+
+
+@pytest.mark.parametrize("choice", [None, "auto", "c", "model"])
+def test_each_decode_step_is_put_in_place_and_said_first(checkpoints, data_dir, choice):
+    """--decode-step: auto (the default) takes the C step where it pays for the longest story a page may ask
+    (the rope model), c wherever it builds (both), model never; the first line says which, model by model."""
+    argv = [str(checkpoints / "tiny-rope"), str(checkpoints / "tiny"), "--data-dir", str(data_dir), "--device", "cpu"]
+    app = serve.load_app(serve.parser().parse_args(argv + (["--decode-step", choice] if choice else [])))
+    c_step = r"decoding with the C step \(mvgpt/perf/one_token\.c(, built in [\d.]+ s)?\)"
+    own = re.escape("decoding with model.py's step (--decode-step model)")
+    said = {"auto": f"tiny-rope: {c_step}; tiny: {re.escape(LEARNED_AUTO)}",
+            "c": f"tiny-rope: {c_step}; tiny: {c_step}", "model": f"tiny-rope: {own}; tiny: {own}"}[choice or "auto"]
+    assert re.fullmatch(said, app.decoding), app.decoding
+    in_c = {name: isinstance(model.decode, FastDecode) for name, model in app.models.items()}
+    assert in_c == {"tiny-rope": choice != "model", "tiny": choice == "c"}
 
 
 def test_info_lists_the_models_and_the_limits(server):
@@ -196,6 +253,134 @@ def test_a_page_from_another_host_name_is_refused(server):
     assert get(server, "/api/info", host=f"localhost:{port}")[0] == 200
 
 
+LOCAL_HOSTS = ["localhost", "LocalHost:{port}", "127.0.0.1", "127.0.0.1:{port}", "127.8.9.10:{port}", "[::1]",
+               "[::1]:{port}", "[::ffff:127.0.0.1]:{port}", "localhost:"]
+OTHER_HOSTS = [None, "", "evil.example:{port}", "127.0.0.1.evil.example", "localhost.evil.example:{port}",
+               "0.0.0.0:{port}", "[::]:{port}", "192.168.1.5", "127.1", "[::2]:{port}"]
+
+
+@pytest.mark.parametrize("bind", ["127.0.0.1", "127.1", "localhost", "127.0.0.2", "::1", "::ffff:127.0.0.1"])
+def test_a_server_on_a_loopback_address_answers_to_this_machines_names_only(server, bind):
+    """Where it listens decides, not how --host spelled it: 127.1 binds 127.0.0.1 and is as closed."""
+    if ":" in bind and not can_bind(bind):
+        pytest.skip(f"this machine cannot bind {bind}")
+    with serving(server.app, bind) as srv:
+        assert srv.local_only
+        port = srv.server_address[1]
+        for host in LOCAL_HOSTS:
+            assert get(srv, "/api/info", host=host.format(port=port))[0] == 200, host
+        for host in OTHER_HOSTS:
+            request = b"GET /api/info HTTP/1.0\r\n" + (b"" if host is None else f"Host: {host}\r\n".format(
+                port=port).encode()) + b"\r\n"
+            status, headers, body = raw(srv, request)
+            assert (status, headers["Content-Type"], json.loads(body)) == (403, "application/json", {
+                "error": f"this server answers to localhost only: open {serve.url(srv)} on this machine"}), host
+
+
+def test_a_server_on_every_address_answers_to_any_name(server):
+    with serving(server.app, "0.0.0.0") as srv:
+        assert not srv.local_only  # asked for: other machines, under any name
+        for host in ["evil.example", "192.168.1.5:80", "localhost"]:
+            assert get(srv, "/api/info", host=host)[0] == 200
+        assert get(srv, "/api/info", host="[::1")[0] == 400  # malformed is malformed on any server
+
+
+@pytest.mark.parametrize("address, loopback", [
+    ("127.0.0.1", True), ("127.255.0.9", True), ("::1", True), ("::ffff:127.0.0.1", True),
+    ("0.0.0.0", False), ("::", False), ("10.0.0.1", False), ("::ffff:10.0.0.1", False), ("127.1", False),
+    ("localhost", False), ("", False)])
+def test_loopback_is_an_address_not_a_spelling(address, loopback):
+    assert serve.is_loopback(address) is loopback
+
+
+@pytest.mark.parametrize("request_bytes, status, message", [
+    (b"GET /api/info HTTP/1.1\r\nHost: [::1\r\n\r\n", 400, "bad Host header '[::1': send a name or address"),
+    (b"GET /api/info HTTP/1.1\r\nHost: localhost:abc\r\n\r\n", 400, "bad Host header 'localhost:abc'"),
+    (b"GET /api/info HTTP/1.1\r\nHost: localhost:99999\r\n\r\n", 400, "bad Host header 'localhost:99999'"),
+    (b"GET /api/info HTTP/1.1\r\nHost: [evil.example]\r\n\r\n", 400, "bad Host header '[evil.example]'"),
+    (b"GET /api/info HTTP/1.1\r\nHost: local host\r\n\r\n", 400, "bad Host header 'local host'"),
+    (b"GET /api/info HTTP/1.1\r\nHost: localhost\r\nHost: evil.example\r\n\r\n", 400, "2 Host headers: send one"),
+    (b"GET //[x HTTP/1.1\r\nHost: localhost\r\n\r\n", 404, "no such page: /[x"),  # http.server keeps one /
+    (b"GET http://localhost/api/info HTTP/1.1\r\nHost: localhost\r\n\r\n", 400,
+     "the request's target must be a path, such as /api/info, not 'http://localhost/api/info'"),
+    (b"GARBAGE\r\n\r\n", 400, "Bad request syntax ('GARBAGE')"),
+    (b"GET /api/info HTTP/x.y\r\nHost: localhost\r\n\r\n", 400, "Bad request version ('HTTP/x.y')"),
+    (b"POST /api/write HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\n\r\n", 405,
+     "POST is not served: ask with GET"),
+    (b"GET /api/info HTTP/1.1\r\nHost: localhost\r\nX: " + b"a" * 70_000 + b"\r\n\r\n", 431, "Line too long"),
+    (b"GET /" + b"a" * 70_000 + b" HTTP/1.1\r\n\r\n", 414, "Request-URI Too Long"),
+])
+def test_a_malformed_request_is_a_4xx_with_one_line_of_json_and_nothing_on_the_terminal(
+        server, request_bytes, status, message, capsys):
+    got, headers, body = raw(server, request_bytes)
+    assert (got, headers["Content-Type"]) == (status, "application/json")
+    assert json.loads(body)["error"].startswith(message) and "\n" not in json.loads(body)["error"]
+    assert get(server, "/api/info")[0] == 200  # and the server goes on
+    assert capsys.readouterr().err == ""
+
+
+def test_a_page_that_stops_reading_lets_go_of_the_models_within_the_timeout(server, monkeypatch):
+    """A client asks for a long story and reads nothing: once the connection's buffers are full, the
+    next write waits SEND_TIMEOUT (1 s here) and the stream ends as a page that left, models released."""
+    app = server.app
+    wait_until_free(app)
+    assert serve.Handler.timeout == serve.SEND_TIMEOUT and 10 <= serve.SEND_TIMEOUT <= 30  # what a real page gets
+    monkeypatch.setattr(serve.Handler, "timeout", 1.0)
+    setup = serve.Handler.setup
+
+    def small_send_buffer(handler) -> None:  # the kernel grows a loopback one past this whole story's megabyte
+        setup(handler)
+        handler.connection.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+
+    monkeypatch.setattr(serve.Handler, "setup", small_send_buffer)
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting: its window stays small
+        s.connect(server.server_address[:2])
+        s.sendall(b"GET /api/write?models=tiny-rope,tiny&tokens=2000 HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        end = time.monotonic() + 30
+        while not (app.runs and app.runs[-1]["request"]["tokens"] == 2000) and time.monotonic() < end:
+            time.sleep(0.01)
+        stuck = app.runs[-1]
+        t0 = time.monotonic()
+        conn = http.client.HTTPConnection(*server.server_address[:2], timeout=20)  # a second page
+        conn.request("GET", "/api/write?models=tiny&tokens=5&seed=3&temperature=0")
+        got = events(conn.getresponse().read())
+        waited = time.monotonic() - t0
+        conn.close()
+    assert stuck["stopped"] == "the page stopped reading for 1 s" and stuck["tokens"] < 4000
+    assert got[0][0] == "wait" and got[-1][0] == "done"
+    assert [d["token"] for n, d in got if n == "token"] == generated(app.models["tiny"], app.tokenizer,
+                                                                     "Once upon a time", 5, 0.0, 50, 3)
+    assert waited < 10  # the story's tokens so far, then 1 s of a full buffer
+    wait_until_free(app)
+
+
+def test_a_failure_inside_a_stream_ends_it_with_an_error_event_and_the_server_goes_on(checkpoints, data_dir,
+                                                                                       capsys):
+    """A model with a NaN weight: sampling fails mid-story, the read's losses are NaN. Each stream ends
+    with one line the page shows, the models are free, the other model still writes, nothing is printed."""
+    args = serve.parser().parse_args([str(checkpoints / "tiny-rope"), str(checkpoints / "tiny"), "--data-dir",
+                                      str(data_dir), "--device", "cpu"])
+    app = serve.load_app(args)
+    with torch.no_grad():
+        app.models["tiny"].wte.weight.fill_(float("nan"))  # in memory: loading refuses one in a checkpoint
+    with serving(app) as srv:
+        status, _, body = get(srv, "/api/write?models=tiny&tokens=20")
+        got = events(body)
+        assert status == 200 and [n for n, _ in got] == ["start", "error"]
+        assert got[-1][1] == {"message": "writing failed: probability tensor contains either `inf`, `nan` or "
+                                         "element < 0 (RuntimeError)"}
+        assert app.runs[-1]["stopped"] == got[-1][1]["message"] and not app.lock.locked()
+        got = events(get(srv, "/api/read?model=tiny")[2])
+        assert [n for n, _ in got] == ["piece", "error"] and got[-1][1] == {
+            "message": "reading failed: a scored event holds a value that is not a number (NaN or infinity): the "
+                       "checkpoint's weights may hold one"}
+        assert not app.lock.locked() and ("tiny", 0) not in app.scored
+        got = events(get(srv, "/api/write?models=tiny-rope&tokens=5")[2])
+        assert [n for n, _ in got] == ["start", *["token"] * 5, "done"]
+    assert capsys.readouterr().err == ""
+
+
 def test_a_page_that_leaves_mid_story_stops_the_generation(server):
     app = server.app
     wait_until_free(app)
@@ -263,6 +448,31 @@ def test_a_port_in_use_is_one_line(server):
         serve.make_server(server.app, "127.0.0.1", server.server_address[1])
 
 
+@pytest.mark.parametrize("host, message", [
+    ("no-such-host.invalid", r"cannot listen on no-such-host.invalid: it has no address \(.+\): give --host an "
+                             r"address or name of this machine \(127.0.0.1, the default; 0.0.0.0 for all of them\)$"),
+    ("127.0.0.1:8000", r"cannot listen on 127.0.0.1:8000: it has no address \(.+\): give --host the address "
+                       "alone, and the port with --port$"),
+    ("a..b", r"cannot listen on a..b: it has no address \(not a host name\): give --host an address"),
+    ("192.0.2.1", r"cannot listen on 192.0.2.1:0 \(Cannot assign requested address\): 192.0.2.1 is not an address "
+                  r"of this machine: give --host one of its own \(127.0.0.1, the default; 0.0.0.0 for all of them\)$"),
+])
+def test_a_host_that_cannot_be_listened_on_is_one_line_naming_the_problem(server, host, message):
+    with pytest.raises(UserError, match="^error: " + message):
+        serve.make_server(server.app, host, 0)
+
+
+@pytest.mark.parametrize("errno_, port, fix", [
+    (errno.EAFNOSUPPORT, 8000, "this machine has no IPv6: give --host an IPv4 address, such as 127.0.0.1"),
+    (errno.EADDRNOTAVAIL, 8000, "this machine has no IPv6 loopback: give --host 127.0.0.1"),
+    (errno.EACCES, 80, "ports below 1024 need root: pick --port 1024 or above"),
+])
+def test_a_machine_without_ipv6_or_a_low_port_is_one_line(errno_, port, fix):
+    error = OSError(errno_, os.strerror(errno_))
+    assert serve.listen_error(f"[::1]:{port}", port, [("::1", error)]) == (
+        f"cannot listen on [::1]:{port} ({os.strerror(errno_)}): {fix}")
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--port", "70000"], "--port: 70000 is out of range: give a whole number from 0 to 65535"),
     (["--max-tokens", "0"], "--max-tokens: 0 is out of range"),
@@ -312,6 +522,9 @@ def test_the_command_says_its_address_in_one_line_and_ctrl_c_stops_it(checkpoint
                              env=dict(os.environ, PYTHONPATH=str(ROOT)),  # this checkout's mvgpt
                              preexec_fn=background)
     try:
+        first = child.stdout.readline()  # which step writes: the C step, where it pays for --max-tokens (1024)
+        assert re.fullmatch(r"tiny-rope: decoding with the C step \(mvgpt/perf/one_token\.c(, built in [\d.]+ s)?\)\n",
+                            first), first
         line = child.stdout.readline()
         assert line.startswith("serving http://127.0.0.1:") and line.endswith("/ (Ctrl-C stops it)\n")
         port = int(line.split(":")[2].split("/")[0])
@@ -336,6 +549,37 @@ def test_the_command_says_its_address_in_one_line_and_ctrl_c_stops_it(checkpoint
     assert child.returncode == 0 and out in ("stopped\n", serve.WAITING + "\nstopped\n") and err == ""
     if "mid-" not in how:
         assert out == "stopped\n"
+
+
+@pytest.mark.parametrize("host, connect, note", [
+    ("::1", "::1", ""),  # IPv6: the address in brackets, and as closed as 127.0.0.1
+    ("0.0.0.0", "127.0.0.1", "; other machines can reach it too, under any name"),
+])
+def test_the_first_line_says_where_it_listens_and_who_may_ask(checkpoints, data_dir, host, connect, note):
+    if ":" in host and not can_bind(host):
+        pytest.skip(f"this machine cannot bind {host}")
+    child = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "serve.py"), str(checkpoints / "tiny"),
+                              "--data-dir", str(data_dir), "--device", "cpu", "--port", "0", "--host", host],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                             env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    try:
+        assert child.stdout.readline() == f"tiny: {LEARNED_AUTO}\n"  # which step writes, first
+        line = child.stdout.readline()
+        shown = f"[{host}]" if ":" in host else host
+        assert line.startswith(f"serving http://{shown}:") and line.endswith(f"/ (Ctrl-C stops it){note}\n"), line
+        port = int(line.split("/ (")[0].rsplit(":", 1)[1])
+        conn = http.client.HTTPConnection(connect, port, timeout=30)
+        conn.putrequest("GET", "/api/info", skip_host=True)
+        conn.putheader("Host", "evil.example")
+        conn.endheaders()
+        assert conn.getresponse().status == (200 if note else 403)  # who may ask: any name, or localhost only
+        conn.close()
+        child.send_signal(signal.SIGINT)
+        out, err = child.communicate(timeout=30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    assert child.returncode == 0 and out == "stopped\n" and err == ""
 
 
 # ----------------------------------------------------------------------------------------------

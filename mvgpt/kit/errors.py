@@ -47,7 +47,9 @@ def number(kind: type, ok: Callable[[float], bool], wanted: str) -> Callable[[st
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a number: give {wanted}") from None
-        if not math.isfinite(value) or not ok(value):
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text} is not a finite number: give {wanted}")
+        if not ok(value):
             raise argparse.ArgumentTypeError(f"{text} is out of range: give {wanted}")
         return value
 

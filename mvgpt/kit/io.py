@@ -84,16 +84,36 @@ class CheckpointError(UserError):
 def write_state(path: Path, state: dict, what: str) -> Path:
     """torch.save(state) to path atomically; a full disk or a folder we may not write is one line,
     and the previous file, if any, is kept. Adapters (mvgpt/lora.py) are written the same way."""
-    try:  # through our own file object, so a full disk is an OSError (ENOSPC), not torch's RuntimeError
+    full = (f"the disk is full: {path} not saved (the previous {what}, if any, is kept): free some space and "
+            "run again")
+    try:  # through our own file object, so a full disk is mostly an OSError (ENOSPC)
         with atomic_path(path) as tmp, open(tmp, "wb") as f:
             torch.save(state, f)
     except OSError as e:
         if e.errno in DISK_FULL:
-            raise CheckpointError(f"the disk is full: {path} not saved (the previous one, if any, is kept): "
-                                  "free some space and run again") from None
+            raise CheckpointError(full) from None
         raise CheckpointError(f"cannot write {path} ({e.strerror}; the previous {what}, if any, is kept): "
                               "pick a folder you can write, or fix its permissions") from None
+    except RuntimeError as e:  # torch's zip writer, when a write fails inside it ("unexpected pos", ...)
+        if "inline_container" not in str(e) and "PytorchStreamWriter" not in str(e):
+            raise
+        if free_bytes(path.parent) < MIN_FREE:
+            raise CheckpointError(full) from None
+        raise CheckpointError(f"cannot write {path} (torch's writer stopped: {str(e).splitlines()[0][:100]}; the "
+                              f"previous {what}, if any, is kept): check the disk, and run again") from None
     return path
+
+
+MIN_FREE = 64 << 20  # bytes: with less free than this, a failed write of a checkpoint is told as a full disk
+
+
+def free_bytes(folder: Path) -> int:
+    """The bytes free to us on the disk that holds folder (a large number where the OS does not say)."""
+    try:
+        stat = os.statvfs(folder)
+    except (OSError, AttributeError):
+        return 1 << 62
+    return stat.f_bavail * stat.f_frsize
 
 
 def archive_damage(file: Path) -> str | None:
@@ -136,3 +156,12 @@ def _to_device(value: object, device: torch.device) -> object:
     if isinstance(value, (list, tuple)):
         return type(value)(_to_device(v, device) for v in value)
     return value
+
+
+def first_non_finite(tensors: dict[str, torch.Tensor]) -> str | None:
+    """The name of the first tensor holding a NaN or an infinity (None when all are finite): weights
+    like that read, write and export as nonsense, so a loader refuses them in one line."""
+    for name, t in tensors.items():
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            return name
+    return None

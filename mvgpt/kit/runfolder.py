@@ -1,4 +1,4 @@
-"""A run folder: what may write into it, one writer at a time, and only what is whole and sane.
+"""A run folder: what may write into it, and one writer at a time.
 
 Every script that writes a folder or a file (pretrain, finetune and its --merge, export,
 export_check, prepare, main) asks first:
@@ -7,35 +7,21 @@ export_check, prepare, main) asks first:
   replaces it). A folder holding another kind of thing (a LoRA run under pretrain's --out-dir,
   prepared data under an export) is refused in one line, whatever the flags, and so is a folder
   or file the command reads: --overwrite never means the input.
-- `claim_file(path, ...)`: the same for one output file (a GGUF export, a --json summary).
+- `claim_file(path, ...)`: the same for one output file (a GGUF export, a --json summary), checked
+  against what the command reads and against what it is making (a --json inside the new run).
 
 A training writer holds its folder's `RunLock` while it runs: a second one is refused. The lock
 names its process and that process's start time, so a lock left by a process that is gone, or
 whose number the system has since given to another process, is recognised and taken over.
-
-What a run leaves behind must be whole and sane:
-- `read_log`: log.jsonl up to the checkpoint's step; a line cut short (a full disk, a power cut:
-  often a tail of NUL bytes) is dropped with a one-line note, and the log rewritten atomically.
-- `LossWatch`: a checkpoint is saved only from finite weights whose loss has not run away. The
-  rule: the run has diverged when the median of its last 3 training losses, or the loss of the
-  weights about to be saved, is more than twice the median of the 50 losses before (a single bad
-  batch is not enough; a blow-up is caught within two steps, before any save).
 """
 
 from __future__ import annotations
 
-import json
-import math
 import os
-import statistics
-import sys
-from collections.abc import Iterable
 from pathlib import Path
 
-import torch
-
 from mvgpt.kit.errors import UserError
-from mvgpt.kit.io import pid_alive, write_text_atomic
+from mvgpt.kit.io import pid_alive
 
 # ----------------------------------------------------------------------------------------------
 # What a folder holds, told by its files
@@ -89,6 +75,12 @@ def holds(folder: str | os.PathLike) -> tuple[str, str] | None:
     return "files", f"files of its own ({shown})"
 
 
+def own_files(kind: str) -> set[str]:
+    """The names of the files a folder of this kind writes itself (run, adapter, data, export)."""
+    return {"lora": RUN_FILES, "checkpoint": RUN_FILES, "log": RUN_FILES, "data": DATA_FILES,
+            "export": EXPORT_FILES}.get(kind, set())
+
+
 def part_of(path: str | os.PathLike) -> str | None:
     """How to name what `path` belongs to, when it is one of a run's, an export's or the data's own
     files (e.g. checkpoints/pretrain/ckpt.pt, data/meta.json); None for any other file."""
@@ -97,9 +89,7 @@ def part_of(path: str | os.PathLike) -> str | None:
     if found is None:
         return None
     kind, desc = found
-    own = {"lora": RUN_FILES, "checkpoint": RUN_FILES, "log": RUN_FILES, "data": DATA_FILES,
-           "export": EXPORT_FILES}.get(kind, set())
-    return f"{desc} in {path.parent}" if path.name in own else None
+    return f"{desc} in {path.parent}" if path.name in own_files(kind) else None
 
 
 def _same(a: str | os.PathLike, b: str | os.PathLike) -> bool:
@@ -166,15 +156,25 @@ def claim_file(
     overwrite: bool = True,
     overwrite_flag: str = "--overwrite",
     reads: dict[str, str | os.PathLike | None] | None = None,
+    making: list[tuple[str, str | os.PathLike, str | None]] = (),
 ) -> None:
     """Refuse, in one line, to write the file `path` when it is an input (`reads`), one of a run's,
-    an export's or the data's own files, a folder, or (overwrite False) a file already there."""
+    an export's or the data's own files, a folder, or (overwrite False) a file already there; and
+    when it lands on what the same command is making (`making`: (what, path, kind) each: a folder of
+    that kind, or a file where kind is None): that file or folder, or a file of the folder's own (a
+    --json summary over the checkpoint the run is about to write)."""
     path = Path(path)
     named = f"{flag} {path}" if flag.startswith("-") else str(path)
     for source, other in (reads or {}).items():
         if other is not None and _same(path, other):
             raise UserError(f"{named} is read as {source}: writing there would replace it "
                             f"({overwrite_flag} never means an input): pick another file")
+    for what, made, kind in making:
+        mine = kind is not None and _same(path.parent, made) and (path.name in own_files(kind)
+                                                                   or path.name.startswith("."))
+        if _same(path, made) or mine:
+            where = f"{what} {made}" if _same(path, made) else f"a file of {what} {made}"
+            raise UserError(f"{named} is {where}, which this command writes: pick another file")
     if path.is_dir():
         raise UserError(f"{named} is a folder: give a file name")
     owner = part_of(path)
@@ -271,169 +271,3 @@ class RunLock:
         if pid == os.getpid() and start == process_start(pid):
             self.path.unlink(missing_ok=True)
         self._tidy()
-
-
-# ----------------------------------------------------------------------------------------------
-# The log: whole lines only
-
-
-def read_log(path: str | os.PathLike, step: int) -> list[dict]:
-    """The records of log.jsonl up to `step` (a resumed run's checkpoint), rewritten to those alone,
-    so a resumed curve continues without a seam. A line cut short or padded with NUL bytes (a crash
-    or a full disk while it was written) is dropped, with a one-line note."""
-    path = Path(path)
-    if not path.exists():
-        return []
-    kept, damaged = [], 0
-    for line in path.read_bytes().split(b"\n"):
-        line = line.strip(b"\x00 \r\t")
-        if not line:
-            continue
-        try:
-            record = json.loads(line)
-            int(record["step"])
-        except (ValueError, TypeError, KeyError):
-            damaged += 1
-            continue
-        if record["step"] <= step:
-            kept.append(record)
-    if damaged:
-        print(f"note: {path}: dropped {damaged} damaged line{'s' if damaged > 1 else ''} (cut short by a crash or "
-              "a full disk); the records up to the checkpoint are kept")
-    write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
-    return kept
-
-
-def append_line(path: Path, record: dict, step: int) -> None:
-    """One record to log.jsonl; a full disk is one line (the checkpoint already saved is kept)."""
-    try:
-        with open(path, "a") as f:
-            f.write(json.dumps(record) + "\n")
-    except OSError as e:
-        raise UserError(f"cannot write {path} at step {step} ({e.strerror}): free some space or fix the folder, "
-                        "then continue with --resume (the last checkpoint is kept)") from None
-
-
-# ----------------------------------------------------------------------------------------------
-# Sane weights only
-
-
-def all_finite(params: Iterable[torch.Tensor]) -> bool:
-    return all(bool(torch.isfinite(p).all()) for p in params)
-
-
-class LossWatch:
-    """Has the run diverged? The losses of recent steps against the median of those before.
-
-    `step(loss)` after each step's forward: non-finite, or the median of the last SMOOTH losses
-    more than FACTOR times the median of the WINDOW losses before them, is divergence.
-    `check(loss)` before a save, with the loss of the weights about to be saved: the same bound.
-    Either way the caller stops with the message, and the last checkpoint stays as it was.
-    """
-
-    WINDOW, SMOOTH, FACTOR = 50, 3, 2.0
-
-    def __init__(self, losses: Iterable[float] = ()) -> None:
-        losses = losses if isinstance(losses, (list, tuple)) else []  # a checkpoint's, maybe crafted
-        self.losses = [x for x in losses if isinstance(x, (int, float)) and math.isfinite(x)][-self.WINDOW:]
-
-    def reference(self, recent: int = 0) -> float | None:
-        """The median of the WINDOW losses before the last `recent` ones (None with too few)."""
-        before = self.losses[: len(self.losses) - recent] if recent else self.losses
-        return statistics.median(before[-self.WINDOW:]) if len(before) >= self.SMOOTH else None
-
-    def step(self, loss: float, at: int) -> str | None:
-        """Record a step's loss; a one-line reason when the run has diverged, else None."""
-        if not math.isfinite(loss):
-            return f"the loss became {loss} at step {at}"
-        self.losses.append(loss)
-        ref = self.reference(self.SMOOTH)
-        now = statistics.median(self.losses[-self.SMOOTH:])
-        self.losses = self.losses[-(self.WINDOW + self.SMOOTH):]
-        if ref is not None and now > self.FACTOR * ref:
-            return (f"the loss ran away at step {at} (the last {self.SMOOTH} steps' median {now:.4g}, more than "
-                    f"{self.FACTOR:g}x the {ref:.4g} of the steps before)")
-        return None
-
-    def check(self, loss: float, at: int) -> str | None:
-        """Before a save: the loss of the weights about to be saved, against the recent median."""
-        if not math.isfinite(loss):
-            return f"the weights of step {at} give a loss of {loss}"
-        ref = self.reference()
-        if ref is not None and loss > self.FACTOR * ref:
-            return (f"the weights of step {at} give a loss of {loss:.4g}, more than {self.FACTOR:g}x the recent "
-                    f"median {ref:.4g}")
-        return None
-
-
-def diverged(reason: str, folder: Path, saved: int | None, what: str = "checkpoint") -> UserError:
-    """The one line a diverging run stops with: what happened, what is kept, what to do."""
-    if saved:
-        return UserError(f"{reason}: the run has diverged and stops; the {what} of step {saved} in {folder} is "
-                         "kept as it was: resume with a lower --lr")
-    return UserError(f"{reason}: the run has diverged and stops, before any {what} was saved: run again with a "
-                     "lower --lr")
-
-
-def note(text: str) -> None:
-    sys.stdout.write(f"note: {text}\n")
-    sys.stdout.flush()
-
-
-# ----------------------------------------------------------------------------------------------
-# TensorBoard: a view of the run, never a reason to lose it
-
-
-def _quiet_tensorboard_thread(args) -> None:
-    """TensorBoard writes from a thread of its own; its OSError (a full disk) is told in one line by
-    `Scalars` in the main thread, not as a second traceback from the thread."""
-    if isinstance(args.exc_value, OSError) and type(args.thread).__name__ == "_AsyncWriterThread":
-        return
-    _previous_hook(args)
-
-
-_previous_hook = None
-
-
-class Scalars:
-    """TensorBoard scalars under runs/<run>, or, once the disk says no (full, read-only), none: a
-    one-line note, and the run goes on (log.jsonl holds every step as well)."""
-
-    def __init__(self, folder: str | os.PathLike, purge_step: int | None) -> None:
-        global _previous_hook
-        import threading
-
-        if _previous_hook is None:
-            _previous_hook = threading.excepthook
-            threading.excepthook = _quiet_tensorboard_thread
-        self.folder, self.writer = folder, None
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.writer = SummaryWriter(str(folder), purge_step=purge_step)
-        except OSError as e:
-            self._off(e)
-
-    def add(self, tag: str, value: float, step: int) -> None:
-        if self.writer is not None:
-            try:
-                self.writer.add_scalar(tag, value, step)
-            except OSError as e:
-                self._off(e)
-
-    def close(self) -> None:
-        if self.writer is not None:
-            try:
-                self.writer.close()
-            except OSError as e:
-                self._off(e)
-
-    def _off(self, e: OSError) -> None:
-        if self.writer is not None:
-            try:
-                self.writer.close()
-            except OSError:
-                pass
-        self.writer = None
-        note(f"TensorBoard's log in {self.folder} is not written from here on ({e.strerror or e}): the run goes "
-             "on, and log.jsonl has every step")

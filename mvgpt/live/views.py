@@ -293,4 +293,9 @@ def sse(event: str, data: object) -> bytes:
     """One server-sent event: its name and its data as one line of JSON."""
     if isinstance(data, TokenEvent):
         data = asdict(data)
-    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+    try:  # json.dumps would write NaN, which is not JSON: the page could not read the event
+        text = json.dumps(data, separators=(",", ":"), allow_nan=False)
+    except ValueError:
+        raise LiveError(f"a {event} event holds a value that is not a number (NaN or infinity): "
+                        "the checkpoint's weights may hold one") from None
+    return f"event: {event}\ndata: {text}\n\n".encode()

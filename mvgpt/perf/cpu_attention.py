@@ -31,7 +31,7 @@ import math
 import torch
 import torch.nn as nn
 
-from mvgpt.model import CausalSelfAttention
+from mvgpt.model import CausalSelfAttention, causal_attention
 
 _MASKS: dict[tuple, torch.Tensor] = {}
 
@@ -76,7 +76,13 @@ class _BatchedCausalAttention(torch.autograd.Function):
 
 def batched_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Causal attention as `scaled_dot_product_attention(q, k, v, is_causal=True)` computes it,
-    (B, H, T, d) each -> (B, H, T, d), in the dtype autocast asks for (else the inputs')."""
+    (B, H, T, d) each -> (B, H, T, d), in the dtype autocast asks for (else the inputs').
+
+    Only where gradients are kept: what it buys is a faster backward pass. Without them (an
+    evaluation, a measurement) it is the model's own attention, so a model trained with it reads
+    exactly as one loaded later does."""
+    if not torch.is_grad_enabled():
+        return causal_attention(q, k, v)
     device = q.device.type
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else q.dtype
     with torch.autocast(device, enabled=False):  # the products and the softmax all in `dtype`

@@ -14,25 +14,33 @@ bookkeeping (`reserve`, `advance`, on the model's own KVCache or a subclass of i
 angles, read from the model's table (so any table of angles will do, scaled ones too).
 
 It enters through one hook: `GPT.decode`, the one-token step `generate` and context.py's
-`cache_losses` call. `use_fast_decode(model, tokens)` puts a `FastDecode` in its place on that model,
-where it pays. The logits are the eager step's up to float rounding (the sums are added in another
-order: tests/test_fast_decode.py holds them to a tolerance, and greedy tokens to equality).
+`cache_losses` call. The scripts that decode take `--decode-step {auto,model,c}` (`add_decode_step_arg`),
+and `use_decode_step` puts a `FastDecode` in the model's place as it asks, saying which step decodes. The
+C step is an optimisation, never a failure: where it does not build (no compiler, one that fails, hangs
+or makes no library that loads) the model's own step decodes, and the line says why. The logits are the
+eager step's up to float rounding (the sums are added in another order: tests/test_fast_decode.py holds
+them to a tolerance, and greedy tokens to equality).
 
 Examples:
     model.decode = FastDecode(model)                 # builds now; model.generate(...) then uses it
-    use_fast_decode(model, tokens=5000)              # the same, where it pays for 5000 tokens
+    print(use_decode_step(model, "auto", 5000))      # the same where it pays for 5000 tokens, and says so
+    CC='ccache gcc' python scripts/sample.py ...     # $CC is run as the shell splits it
 """
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import os
 import platform
+import shlex
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
 import time
+from contextlib import suppress
 from functools import cache
 from pathlib import Path
 from typing import NamedTuple
@@ -53,12 +61,20 @@ DTYPES = {torch.float32: 0, torch.bfloat16: 1}  # the C file's F32, BF16
 # the step took twice as long). libgomp's one weakness: a step run on any thread but the process's
 # first waits on sleeping threads at every stage (about twice as slow), as torch's own operations do.
 FLAG_SETS = (["-march=native", "-fopenmp"], ["-mcpu=native", "-fopenmp"], ["-march=native"], ["-mcpu=native"], [])
+BUILD_TIMEOUT_S = 60.0  # the build takes a fraction of a second: a compiler still at it after a minute has hung
 
 
-def compiler() -> str | None:
-    """The C compiler to build with: $CC, else the first of cc, gcc, clang on the PATH (None: none)."""
-    names = [os.environ["CC"]] if os.environ.get("CC") else ["cc", "gcc", "clang"]
-    return next((found for name in names if (found := shutil.which(name))), None)
+def compiler() -> list[str] | None:
+    """The C compiler's command: $CC split as the shell splits it (`CC='ccache gcc'`, `CC='gcc -O2'` run as
+    typed), else the first of cc, gcc, clang on the PATH (None: none). A $CC that is not a command here is
+    still returned: building with it then says so."""
+    given = os.environ.get("CC", "").strip()
+    if given:
+        try:
+            return shlex.split(given)
+        except ValueError:  # an unclosed quote: one word, which then cannot be run, and the build says so
+            return [given]
+    return next(([found] for name in ("cc", "gcc", "clang") if (found := shutil.which(name))), None)
 
 
 def c_builds_here(device: torch.device | str) -> bool:
@@ -66,30 +82,68 @@ def c_builds_here(device: torch.device | str) -> bool:
     return torch.device(device).type == "cpu" and platform.system() in ("Linux", "Darwin") and compiler() is not None
 
 
+def run_compiler(command: list[str], name: str) -> subprocess.CompletedProcess:
+    """One run of the compiler, stopped (it and what it started: a driver's cc1 too) after BUILD_TIMEOUT_S.
+    Raises RuntimeError, in one line, where it cannot be run or takes longer."""
+    try:
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)  # a group of its own, to stop as one
+    except OSError as error:  # not there, not executable, not a program
+        raise RuntimeError(f"{name} could not be run ({error.strerror or error}): set CC to a C compiler, "
+                           "or install one (cc, gcc or clang)") from None
+    with proc:
+        try:
+            out, err = proc.communicate(timeout=BUILD_TIMEOUT_S)
+        except BaseException as error:  # the time is up, or Ctrl-C: nothing of the build runs on
+            with suppress(ProcessLookupError):  # it may have ended on its own meanwhile
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            if isinstance(error, subprocess.TimeoutExpired):
+                raise RuntimeError(f"{name} was still building {SOURCE.name} after {BUILD_TIMEOUT_S:g} s, so it "
+                                   "was stopped: set CC to a compiler that works") from None
+            raise
+    return subprocess.CompletedProcess(command, proc.returncode, out, err)
+
+
 @cache
 def library() -> ctypes.CDLL:
     """mvgpt/perf/one_token.c, built for this machine into a folder of this process's own, and loaded.
-    Raises RuntimeError with the compiler's last words where no set of flags builds it."""
+    Raises RuntimeError, in one line, where it is not built: no compiler, a compiler that cannot be run,
+    fails with every set of flags (its last words), hangs, or makes no library, or one that does not load
+    or has no `one_token` in it."""
+    if platform.system() not in ("Linux", "Darwin"):
+        raise RuntimeError(f"the C step is built on Linux and macOS, not {platform.system()}")
     cc = compiler()
     if cc is None:
         raise RuntimeError("no C compiler: install one (cc, gcc or clang), or set CC")
+    name = Path(cc[0]).name
     folder = Path(tempfile.mkdtemp(prefix="mvgpt-"))
     out = folder / "one_token.so"
     try:
         for flags in FLAG_SETS:
-            cmd = [cc, "-O2", *flags, "-ffp-contract=fast", "-shared", "-fPIC", str(SOURCE), "-o", str(out), "-lm"]
-            done = subprocess.run(cmd, capture_output=True, text=True)
+            command = [*cc, "-O2", *flags, "-ffp-contract=fast", "-shared", "-fPIC", str(SOURCE), "-o", str(out), "-lm"]
+            done = run_compiler(command, name)
             if done.returncode == 0:
                 break
         else:
             last_words = (done.stderr.strip().splitlines() or ["no message"])[-1]
-            raise RuntimeError(f"{Path(cc).name} could not build {SOURCE.name}: {last_words}")
-        lib = ctypes.CDLL(str(out))
+            raise RuntimeError(f"{name} could not build {SOURCE.name}: {last_words}")
+        if not out.is_file():
+            raise RuntimeError(f"{name} said it built {SOURCE.name} but made no {out.name}: set CC to a C compiler")
+        try:
+            lib = ctypes.CDLL(str(out))
+        except OSError as error:  # dlopen's words begin with the file's path, gone in a moment: left out
+            why = str(error).removeprefix(f"{out}: ")
+            raise RuntimeError(f"{name} made a {out.name} that does not load ({why}): set CC to a C compiler "
+                               "for this machine") from None
     finally:  # loaded, or not built: the file is no longer needed, and nothing is left behind
         shutil.rmtree(folder, ignore_errors=True)
+    for symbol in ("one_token", "matvec"):
+        if not hasattr(lib, symbol):
+            raise RuntimeError(f"{name} made a {out.name} without {symbol} in it: set CC to a C compiler")
+    lib.one_token.argtypes = [ctypes.POINTER(ModelWeightsC), ctypes.POINTER(StepArgsC)]
+    lib.one_token.restype = ctypes.c_int
     P, I64, INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int  # noqa: N806
-    lib.one_token.argtypes = [P, INT, I64, I64, I64, I64, P, I64, P, P, INT, P, P, P, I64, I64, I64, I64, P, P, INT]
-    lib.one_token.restype = INT
     lib.matvec.argtypes = [P, I64, P, P, I64, I64, INT, P, P, INT]
     lib.matvec.restype = None
     return lib
@@ -135,20 +189,43 @@ def address(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
-def flat_weights(model: GPT) -> list[torch.Tensor | None]:
-    """step_weights in one list, in the order one_token.c reads them (a missing bias is None)."""
-    wte, blocks, ln_f, lm_head = step_weights(model)
-    return [wte, *(t for block in blocks for pair in block for t in pair), *ln_f, lm_head]
+# one_token.c's three structs, field for field: a weight is its address (None: NULL)
+class BlockWeightsC(ctypes.Structure):
+    """one_token.c's BlockWeights: ln_1_weight, ln_1_bias, qkv_weight, ... in BlockWeights' order."""
+
+    _fields_ = [(f"{name}_{part}", ctypes.c_void_p) for name in BlockWeights._fields for part in ("weight", "bias")]
+
+
+class ModelWeightsC(ctypes.Structure):
+    """one_token.c's ModelWeights: the shape, the dtype (DTYPES), the weights."""
+
+    _fields_ = [("n_layer", ctypes.c_int64), ("n_embd", ctypes.c_int64), ("n_head", ctypes.c_int64),
+                ("vocab_size", ctypes.c_int64), ("dtype", ctypes.c_int), ("wte", ctypes.c_void_p),
+                ("wpe", ctypes.c_void_p), ("blocks", ctypes.POINTER(BlockWeightsC)), ("ln_f_weight", ctypes.c_void_p),
+                ("ln_f_bias", ctypes.c_void_p), ("lm_head", ctypes.c_void_p)]
+
+
+class StepArgsC(ctypes.Structure):
+    """one_token.c's StepArgs: one call's tokens, angles or position, cache, logits, scratch and threads."""
+
+    _fields_ = [("tokens", ctypes.c_void_p), ("batch", ctypes.c_int64), ("cos", ctypes.c_void_p),
+                ("sin", ctypes.c_void_p), ("angles_dtype", ctypes.c_int), ("position", ctypes.c_int64),
+                ("cache_k", ctypes.c_void_p), ("cache_v", ctypes.c_void_p), ("stride_layer", ctypes.c_int64),
+                ("stride_batch", ctypes.c_int64), ("stride_head", ctypes.c_int64), ("held", ctypes.c_int64),
+                ("logits", ctypes.c_void_p), ("scratch", ctypes.c_void_p), ("threads", ctypes.c_int)]
 
 
 STEP_MODULES = (GPT, Block, CausalSelfAttention, MLP, nn.ModuleList, nn.Linear, nn.LayerNorm, nn.Embedding)
 
 
-def compilable(model: GPT) -> str | None:
-    """Why one_token.c would not compute what this model's forward does (None when it would). It knows
-    the episode's modules only: a LoRA layer, or an MLP with a forward of its own (gguf.ggml_activation),
-    is left to the model; and float32 or bf16 weights on a CPU. The table of angles may be any. Last, it
-    must build here (the first call builds it)."""
+def not_covered(model: GPT) -> str | None:
+    """Why one_token.c does not compute what this model's forward does (None: it does), in one line. It
+    knows the episode's modules only: a LoRA layer, or an MLP with a forward of its own
+    (gguf.ggml_activation), is left to the model; and float32 or bf16 weights on a CPU. The table of
+    angles may be any. Whether it builds on this machine is `build_error`'s to say.
+
+    Example: not_covered(model.half()) -> 'its weights are float16, not float32 or bfloat16'
+    """
     weight = model.wte.weight
     if weight.device.type != "cpu":
         return f"its weights are on {weight.device.type}, not the CPU"
@@ -161,40 +238,50 @@ def compilable(model: GPT) -> str | None:
             return f"{name} is a {type(module).__name__}"
         if "forward" in vars(module):
             return f"{name or 'the model'} has a forward of its own"
-    return build_error()
+    return None
 
 
 class FastDecode:
     """GPT.decode in C: `fast(token, cache)` -> logits (B, 1, vocab), the cache moved on by one.
 
-    Steps it does not cover go to the model's own forward: more than one token, a model `compilable`
-    refuses (or one moved since to another device or dtype), a cache not of the weights' dtype or not
-    laid out as KVCache lays it for these tokens, a learned position past the table (the model says
-    why, or does it). Builds mvgpt/perf/one_token.c on creation (once per
-    process), and `warmup_s` says how long that took. Not an nn.Module: set on a model as
-    `model.decode`, it adds nothing to its state_dict.
+    Steps it does not cover go to the model's own forward: more than one token, a model it does not cover
+    (`not_covered`; or one moved since to another device or dtype) or a machine where it does not build
+    (`why_not` says which), a cache not of the weights' dtype or not laid out as KVCache lays it for these
+    tokens, a learned position past the table (the model says why, or does it). Builds
+    mvgpt/perf/one_token.c on creation (once per process), and `build_s` says how long that took. Not an
+    nn.Module: set on a model as `model.decode`, it adds nothing to its state_dict.
     """
 
     def __init__(self, model: GPT) -> None:
         self.model = model
         t0 = time.perf_counter()
-        self.why_not = compilable(model)  # builds the C step, the first time
+        self.why_not = not_covered(model) or build_error()  # builds the C step, the first time
         self.lib = library() if self.why_not is None else None
-        self.warmup_s = time.perf_counter() - t0
+        self.build_s = time.perf_counter() - t0
         covered = self.why_not is None  # model.to() moves these two with the rest:
         self.ends = (model.wte.weight, model.blocks[-1].mlp.proj.weight) if covered else ()
-        self.table: tuple = (None, (), None)  # where the ends were; the weights (aliases); their addresses
+        self.table: tuple = (None, (), None)  # where the ends were; the weights (aliases); the struct
         self.scratch = threading.local()  # each thread its own: serve.py's requests run on threads
 
-    def pointers(self) -> ctypes.Array:
-        """The weights' addresses, in one_token.c's order, made again when model.to() moved them. The table
-        holds aliases of the weights, so that C never reads memory freed under it: a weight whose storage
-        was replaced on its own (not by model.to) is read as it was; make a new FastDecode then."""
+    def weights(self) -> ModelWeightsC:
+        """The model as one_token.c reads it, made again when model.to() moved the weights. The table holds
+        aliases of the weights, so that C never reads memory freed under it: a weight whose storage was
+        replaced on its own (not by model.to) is read as it was; make a new FastDecode then."""
         where = tuple(t.data_ptr() for t in self.ends)
         if self.table[0] != where:
-            aliases = tuple(t if t is None else t.detach() for t in flat_weights(self.model))
-            assert all(t is None or (t.is_contiguous() and t.dtype == aliases[0].dtype) for t in aliases)
-            self.table = (where, aliases, (ctypes.c_void_p * len(aliases))(*map(address, aliases)))
+            config = self.model.config
+            wte, blocks, ln_f, lm_head = step_weights(self.model)
+            wpe = None if config.rope else self.model.wpe.weight
+            alias = lambda t: None if t is None else t.detach()  # noqa: E731
+            wte, wpe, lm_head, ln_f = alias(wte), alias(wpe), alias(lm_head), tuple(map(alias, ln_f))
+            blocks = [[alias(t) for pair in block for t in pair] for block in blocks]
+            aliases = [wte, wpe, lm_head, *ln_f, *(t for block in blocks for t in block)]
+            assert all(t is None or (t.is_contiguous() and t.dtype == wte.dtype) for t in aliases)
+            rows = (BlockWeightsC * len(blocks))(*(BlockWeightsC(*map(address, block)) for block in blocks))
+            struct = ModelWeightsC(config.n_layer, config.n_embd, config.n_head, config.vocab_size, DTYPES[wte.dtype],
+                                   address(wte), address(wpe), ctypes.cast(rows, ctypes.POINTER(BlockWeightsC)),
+                                   *map(address, ln_f), address(lm_head))
+            self.table = (where, (aliases, rows), struct)
         return self.table[2]
 
     def floats(self, n: int) -> torch.Tensor:
@@ -225,11 +312,9 @@ class FastDecode:
         """Room for the token in the cache, and the C call that writes it there, ready to run."""
         model, config = self.model, self.model.config
         weight, p = model.wte.weight, cache.position
-        cos = sin = position = None
+        cos = sin = None
         if config.rope:  # the position's angles, from the model's table (a scaled one too)
             cos, sin = (a.contiguous() if a.dtype in DTYPES else a.float() for a in model.angles(p, 1))
-        else:
-            position = model.wpe.weight[p]
         cache.reserve(1)
         B, held, threads = token.shape[0], cache.length, torch.get_num_threads()
         tokens = token if token.dtype == torch.int64 and token.is_contiguous() else token.to(torch.int64).contiguous()
@@ -237,12 +322,10 @@ class FastDecode:
         C, H = config.n_embd, config.n_head  # noqa: N806
         scratch = self.floats(10 * B * C + B * H * (held + 1) + threads * B * 4 * C)  # one_token.c says what for
         row = cache.offset * cache.k.stride(3) * cache.k.element_size()  # the first row held, in bytes
-        sL, sB, sH = cache.k.stride()[:3]  # noqa: N806
-        args = (self.pointers(), DTYPES[weight.dtype], config.n_layer, config.n_embd, config.n_head,
-                config.vocab_size, tokens.data_ptr(), B, address(cos), address(sin),
-                DTYPES[cos.dtype] if cos is not None else 0, address(position), cache.k.data_ptr() + row,
-                cache.v.data_ptr() + row, sL, sB, sH, held, logits.data_ptr(), scratch.data_ptr(), threads)
-        return StepCall(self.lib, args, logits, (tokens, cos, sin, position, scratch, cache))
+        args = StepArgsC(tokens.data_ptr(), B, address(cos), address(sin), DTYPES[cos.dtype] if cos is not None else 0,
+                         p, cache.k.data_ptr() + row, cache.v.data_ptr() + row, *cache.k.stride()[:3], held,
+                         logits.data_ptr(), scratch.data_ptr(), threads)
+        return StepCall(self.lib, self.weights(), args, logits, (tokens, cos, sin, scratch, cache))
 
 
 class StepCall(NamedTuple):
@@ -250,12 +333,13 @@ class StepCall(NamedTuple):
     is not in the vocabulary. `keep`: the tensors its addresses point into, kept alive with it."""
 
     lib: ctypes.CDLL
-    args: tuple
+    weights: ModelWeightsC
+    args: StepArgsC
     logits: torch.Tensor
     keep: tuple
 
     def run(self) -> int:
-        return self.lib.one_token(*self.args)
+        return self.lib.one_token(ctypes.byref(self.weights), ctypes.byref(self.args))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -268,10 +352,10 @@ class StepCall(NamedTuple):
 MEASURED = {"float32": (4.30, 1.38, 0.26), "bfloat16": (2.59, 0.54, 0.26)}
 
 
-def break_even_tokens(eager_ms: float, fast_ms: float, warmup_s: float) -> float | None:
+def break_even_tokens(eager_ms: float, fast_ms: float, build_s: float) -> float | None:
     """After how many tokens the fast step has saved the time it took to build (None: never)."""
     saved_s = (eager_ms - fast_ms) / 1e3
-    return warmup_s / saved_s if saved_s > 0 else None
+    return build_s / saved_s if saved_s > 0 else None
 
 
 def fast_decode_pays(device: torch.device | str, dtype: torch.dtype, tokens: int,
@@ -285,27 +369,58 @@ def fast_decode_pays(device: torch.device | str, dtype: torch.dtype, tokens: int
     return tokens_needed is not None and tokens >= tokens_needed
 
 
-def eager_because(model: GPT, tokens: int) -> str | None:
-    """Why a model keeps its eager step where the C step would pay for `tokens` steps (a LoRA layer, say),
-    so that a script can say so; None where it does not pay anyway, or the model is one it covers."""
-    weight = model.wte.weight
-    return compilable(model) if fast_decode_pays(weight.device, weight.dtype, tokens) else None
-
-
 def built(fast: FastDecode) -> str:
     """What a script says of the C step: its file, and the seconds its build took (once per process)."""
     name = "mvgpt/perf/one_token.c"
-    return f"{name}, built in {fast.warmup_s:.1f} s" if fast.warmup_s >= 0.05 else name
+    return f"{name}, built in {fast.build_s:.1f} s" if fast.build_s >= 0.05 else name
 
 
-def use_fast_decode(model: GPT, tokens: int) -> FastDecode | None:
-    """Put the C step in place of model.decode where it pays for `tokens` one-token steps (and the model
-    is one it covers); builds it now. Returns it, or None where the model keeps its own."""
+def c_step(model: GPT) -> tuple[FastDecode | None, str]:
+    """The C step for this model, built now (once per process), and what a script says of it: its file
+    and build time; or None and why not, in one line (a model it does not cover, a build that failed)."""
+    why = not_covered(model)
+    fast = FastDecode(model) if why is None else None
+    why = why or fast.why_not
+    return (fast, f"the C step ({built(fast)})") if why is None else (None, why)
+
+
+# ----------------------------------------------------------------------------------------------
+# Choosing the step: --decode-step, the same in every script that decodes
+
+DECODE_STEPS = ("auto", "model", "c")
+MODEL_STEP = "decoding with model.py's step"
+
+
+def add_decode_step_arg(parser: argparse.ArgumentParser, default: str = "auto", help: str | None = None) -> None:
+    """--decode-step {auto,model,c}: which one-token step decodes (`use_decode_step` puts it in place)."""
+    parser.add_argument("--decode-step", choices=DECODE_STEPS, default=default, help=help or (
+        "the one-token step that writes each token: model (model.py's own, as the video wrote it), c (the C "
+        "step, mvgpt/perf/one_token.c, wherever it builds), auto (the C step where its build pays for the "
+        "tokens asked for, on rope models; default %(default)s)"))
+
+
+def use_decode_step(model: GPT, choice: str, tokens: int) -> str:
+    """Put the step `choice` asks for (--decode-step) in place of model.decode, for `tokens` one-token steps,
+    and return the line a script says first: which step decodes, and why not the C step where it is not.
+
+    model: model.py's own step. c: the C step wherever it builds and covers the model. auto: the C step
+    where its build pays for `tokens` (fast_decode_pays), on a rope model (past the window a model with
+    learned positions re-runs it, and its one-token steps stop). Anything that keeps the C step from
+    building (no compiler, one that fails or hangs, a library that does not load) leaves the model's step.
+
+    Example: use_decode_step(model, "auto", 600) -> 'decoding with the C step (mvgpt/perf/one_token.c, built
+    in 0.3 s)'
+    """
+    if choice == "model":
+        return f"{MODEL_STEP} (--decode-step model)"
     weight = model.wte.weight
-    if not fast_decode_pays(weight.device, weight.dtype, tokens):
-        return None
-    fast = FastDecode(model)  # builds the C step here, the first time: warmup_s says how long it took
-    if fast.why_not is not None:
-        return None
+    if choice == "auto" and not model.config.rope:
+        return f"{MODEL_STEP}: auto takes the C step for rope models, whose cache slides (--decode-step c: here too)"
+    if (choice == "auto" and not_covered(model) is None and c_builds_here(weight.device)
+            and not fast_decode_pays(weight.device, weight.dtype, tokens)):
+        return f"{MODEL_STEP}: building the C step would not pay for {tokens} tokens (--decode-step c: build it anyway)"
+    fast, said = c_step(model)
+    if fast is None:
+        return f"{MODEL_STEP}, not the C step: {said}"
     model.decode = fast
-    return fast
+    return f"decoding with {said}"

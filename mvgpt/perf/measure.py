@@ -1,10 +1,12 @@
-"""Performance machinery: timing a function fairly, the machine's ceilings, the profiler, glibc's
-malloc, where compiling a training run pays, and a compiled decoding step. Benchmarks
-(scripts/bench.py) and the training loop use it; the model does not.
+"""Performance machinery: timing a function fairly, the machine's ceilings, the profiler (and the names of
+inductor's kernels in it), glibc's malloc, and where compiling a training run pays. Benchmarks
+(scripts/bench.py) and the training loop use it; the model does not. The decoding step in C is
+fast_decode.py's.
 """
 
 from __future__ import annotations
 
+import os
 import platform
 import shutil
 import statistics
@@ -220,3 +222,41 @@ def kernel_names() -> Iterator[None]:
             yield
     finally:
         torch._dynamo.reset()
+
+
+# ----------------------------------------------------------------------------------------------
+# Is anything else running? Other programs' share of the cores, while something is measured
+
+
+def cpu_ticks() -> tuple[int, int] | None:
+    """(ticks the whole machine's cores were busy, ticks this process used), from /proc; None where
+    the OS does not say. Steal time (a hypervisor serving other guests) counts as busy: it is taken."""
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        mine = Path("/proc/self/stat").read_text().rpartition(")")[2].split()
+    except (OSError, ValueError, IndexError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle and iowait
+    return sum(fields[:8]) - idle, int(mine[11]) + int(mine[12])  # utime, stime: fields 14 and 15
+
+
+class OtherLoad:
+    """How many cores other programs kept busy between two readings: `with OtherLoad() as load: ...`,
+    then `load.cores` (None where /proc is not there). A figure measured while other work takes a
+    core is not this machine's speed, and the plan says so."""
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter,
+                 ticks: Callable[[], tuple[int, int] | None] = cpu_ticks) -> None:
+        self.clock, self.ticks, self.cores = clock, ticks, None
+
+    def __enter__(self) -> OtherLoad:
+        self.start = (self.clock(), self.ticks())
+        return self
+
+    def __exit__(self, *exc) -> None:
+        (t0, before), now, after = self.start, self.clock(), self.ticks()
+        if before is None or after is None or now <= t0:
+            return
+        hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        busy, mine = after[0] - before[0], after[1] - before[1]
+        self.cores = max(0.0, (busy - mine) / hz / (now - t0))

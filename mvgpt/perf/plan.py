@@ -31,9 +31,9 @@ import torch
 
 from mvgpt.device import autocast, sync
 from mvgpt.model import GPT, GPTConfig, KVCache
-from mvgpt.perf.cpu_attention import batched_attention_pays, use_batched_attention
 from mvgpt.perf.flops import forward_flops, training_flops_per_token
-from mvgpt.train import configure_optimizer
+from mvgpt.perf.measure import OtherLoad, tune_malloc
+from mvgpt.train import Step, configure_optimizer
 
 TARGET_S = 600.0  # the first kind's pretraining, as in the episode: ten minutes
 MAX_STEPS = 1000  # the committed runs' count: the default never trains more
@@ -50,6 +50,11 @@ DYNAMIC_OVERHEAD = 2.0  # dynamic NTK's cached step turns every held key on: abo
 # The rates: seconds this machine takes for each kind of work the job does
 
 
+ROUNDS = 5  # each kind of work is timed once a round: the median of five is the rate, whatever one burst does
+BUSY_CORES = 0.3  # other programs busier than this while the plan measures: the plan says the machine is busy
+LOW_SHARE = 0.15  # a training step below this share of the matrix peak measured beside it: something else runs
+
+
 @dataclass
 class Rates:
     """What main.py measured before the job, in seconds (a default model: 6 x 384, 16 x 256 batches)."""
@@ -62,6 +67,9 @@ class Rates:
     window_s: float = 0.0  # a float32 forward of one window with the last place's logits (context.py's re-run)
     token_s: float = 0.0  # a float32 cached decoding step, batch 1, a full window held (sliding)
     seconds: float = 0.0  # what measuring them took
+    other_cores: float | None = None  # cores other programs kept busy meanwhile (None: the OS does not say)
+    share_of_peak: float | None = None  # the learned step's flops a second over the matrix peak measured beside it
+    spread: float = 1.0  # the slowest of a training step's samples over their median: a burst shows here
 
     def line(self) -> str:
         kinds = " / ".join(f"{self.step_s[k]:.2f} s" for k in self.step_s)
@@ -69,6 +77,15 @@ class Rates:
         return (f"measured in {self.seconds:.0f} s: a pretraining step {kinds} (learned / rope), its first "
                 f"{compiling} more; a float32 window re-run {1e3 * self.window_s:.0f} ms, a cached step "
                 f"{1e3 * self.token_s:.1f} ms")
+
+    def busy(self) -> str | None:
+        """Why the figures look like a busy machine's, in a few words; None when they look like its own."""
+        why = []
+        if self.other_cores is not None and self.other_cores > BUSY_CORES:
+            why.append(f"other programs kept {self.other_cores:.1f} cores busy while the plan measured")
+        if self.share_of_peak is not None and self.share_of_peak < LOW_SHARE:
+            why.append(f"a training step ran at {self.share_of_peak:.2f} of the matrix peak measured beside it")
+        return "; ".join(why) or None
 
 
 def _times(fn: Callable[[], object], n: int, device: torch.device, clock: Callable[[], float]) -> list[float]:
@@ -84,13 +101,19 @@ def _times(fn: Callable[[], object], n: int, device: torch.device, clock: Callab
 
 
 def measure(learned: GPTConfig, rope: GPTConfig, device: torch.device, dtype: torch.dtype, compile: bool,
-            batch_size: int = 16, steps: int = 3, training: bool = True,
-            clock: Callable[[], float] = time.perf_counter) -> Rates:
-    """Time each kind of work: the pretraining step of each kind as pretrain.py will take it (compiled
-    where it compiles, the first step's extra seconds kept as its compile time), the rope step eager
-    (the fine-tunes'), and the measuring scripts' forwards and cached steps. `training` False: only
-    the latter (nothing left to train)."""
+            batch_size: int = 16, rounds: int = ROUNDS, training: bool = True,
+            clock: Callable[[], float] = time.perf_counter, load: type[OtherLoad] = OtherLoad) -> Rates:
+    """Time each kind of work the job does: the pretraining step of each kind as pretrain.py will take
+    it (compiled where it compiles: the first call's extra seconds are its compile time), the rope
+    step eager (the fine-tunes'), the measuring scripts' forwards and cached steps, and a matrix
+    product at the machine's peak. Each is called once first (compiling, warming up), then once in
+    each of `rounds` rounds, in turn, so a moment of load lands on one sample of each kind, never on
+    all of one: a rate is the median of its samples. Meanwhile, what other programs take of the cores
+    is read, and `Rates.busy` says so when it is much. `training` False: the steps are left out
+    (nothing left to train)."""
     started = clock()
+    if device.type == "cpu":
+        tune_malloc()  # as pretrain.py runs: its steps keep their memory
     rates = Rates()
     T = rope.block_size
     g = torch.Generator().manual_seed(0)
@@ -98,56 +121,65 @@ def measure(learned: GPTConfig, rope: GPTConfig, device: torch.device, dtype: to
     rows = torch.randint(0, rope.vocab_size, (8, T), generator=g).to(device)  # evaluate.py's batch
 
     def step_fn(model: GPT, forward: Callable, step_dtype: torch.dtype) -> Callable[[], None]:
-        optimizer = configure_optimizer(model, lr=1e-4, weight_decay=0.1, device=device)
+        """The step pretrain.py takes (mvgpt.train.Step), its loss read as the loop reads it."""
+        step = Step(model, configure_optimizer(model, lr=1e-4, weight_decay=0.1, device=device), device, step_dtype,
+                    forward=forward)
+        return lambda: step(x, y)[0].item()
 
-        def step() -> None:
-            with autocast(device, step_dtype):
-                _, loss = forward(x, y)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            loss.item()
-
-        return step
-
+    work: dict[str, Callable[[], object]] = {}
     if training:
         for kind, config in (("learned", learned), ("rope", rope)):
             torch.manual_seed(0)
             trained = GPT(config).to(device)
-            if batched_attention_pays(device, dtype):  # as pretrain.py trains
-                use_batched_attention(trained)
-            step = step_fn(trained, torch.compile(trained) if compile else trained, dtype)
-            first, *rest = _times(step, 1 + steps, device, clock)
-            rates.step_s[kind] = statistics.median(rest)
-            rates.compile_s[kind] = max(0.0, first - rates.step_s[kind])
-            del trained, step
+            work[kind] = step_fn(trained, torch.compile(trained) if compile else trained, dtype)
         for name, step_dtype in (("auto", dtype), ("float32", torch.float32)):
             if name == "float32" and dtype == torch.float32:
-                rates.eager_step_s[name] = rates.eager_step_s["auto"]
-                continue
+                continue  # the same step as auto's
             torch.manual_seed(0)
             eager = GPT(rope).to(device)
-            if batched_attention_pays(device, step_dtype):
-                use_batched_attention(eager)
-            rates.eager_step_s[name] = statistics.median(_times(step_fn(eager, eager, step_dtype), 1 + steps,
-                                                                device, clock)[1:])
-            del eager
+            work[f"eager {name}"] = step_fn(eager, eager, step_dtype)
     torch.manual_seed(0)
     model = GPT(rope).to(device).eval()  # as the measuring scripts load it: float32, PyTorch's attention
-    with torch.no_grad():
-        for name, eval_dtype in (("eval_s", dtype), ("eval_float32_s", torch.float32)):
-            with autocast(device, eval_dtype):
-                setattr(rates, name, statistics.median(_times(lambda: model(rows), 3, device, clock)[1:]))
-        rates.window_s = statistics.median(_times(lambda: model(rows[:1], last_only=True), 3, device, clock)[1:])
-        cache = KVCache(rope, 1, device=device)
-        model(rows[:1], cache=cache)
+    cache = KVCache(rope, 1, device=device)
 
-        def cached_step() -> None:
-            cache.slide(T - 1)
-            model(rows[:1, :1], cache=cache, last_only=True)
+    def reading(fn: Callable[[], object], read_dtype: torch.dtype = torch.float32) -> Callable[[], object]:
+        def read() -> object:
+            with torch.no_grad(), autocast(device, read_dtype):
+                return fn()
+        return read
 
-        rates.token_s = statistics.median(_times(cached_step, 6, device, clock)[1:])
+    def cached_step() -> None:
+        cache.slide(T - 1)
+        model(rows[:1, :1], cache=cache, last_only=True)
+
+    work["eval"] = reading(lambda: model(rows), dtype)
+    work["eval float32"] = reading(lambda: model(rows))
+    work["window"] = reading(lambda: model(rows[:1], last_only=True))
+    reading(lambda: model(rows[:1], cache=cache))()  # a full window held: the cached step slides it
+    work["token"] = reading(cached_step)
+    n = 512  # a matrix product at the peak of the run's dtype, beside the steps: the same moment's machine
+    a = torch.randn(n, n, device=device).to(dtype)
+    work["peak"] = lambda: a @ a
+
+    first = {name: _times(fn, 1, device, clock)[0] for name, fn in work.items()}  # compiling, warming up
+    samples: dict[str, list[float]] = {name: [] for name in work}
+    with load(clock) as other:
+        for _ in range(rounds):
+            for name, fn in work.items():
+                samples[name] += _times(fn, 1, device, clock)
+    rate = {name: statistics.median(s) for name, s in samples.items()}
+    if training:
+        for kind in ("learned", "rope"):
+            rates.step_s[kind] = rate[kind]
+            rates.compile_s[kind] = max(0.0, first[kind] - rate[kind])
+        rates.eager_step_s = {"auto": rate["eager auto"], "float32": rate.get("eager float32", rate["eager auto"])}
+        peak = 2 * n**3 / min(samples["peak"])  # a ceiling: the best the machine gave
+        rates.share_of_peak = batch_size * T * training_flops_per_token(learned) / rate["learned"] / peak
+        rates.spread = max(samples["learned"]) / rate["learned"]
+    rates.eval_s, rates.eval_float32_s = rate["eval"], rate["eval float32"]
+    rates.window_s, rates.token_s = rate["window"], rate["token"]
+    rates.other_cores = other.cores
+    del work
     gc.collect()
     rates.seconds = clock() - started
     return rates
@@ -183,7 +215,9 @@ class Stage:
 
 def _evals(start: int, end: int, every: int) -> int:
     """Evaluations pretrain.py makes from step start to end: every `every` steps, and one at the end."""
-    return len({s for s in range(start + 1, end + 1) if s % every == 0} | ({end} if end > start else set()))
+    if end <= start:
+        return 0
+    return end // every - start // every + (1 if end % every else 0)  # counted, not listed: any step count
 
 
 def stages(rates: Rates, job: Job) -> list[Stage]:
@@ -256,31 +290,72 @@ def stages(rates: Rates, job: Job) -> list[Stage]:
 def steps_for(rates: Rates, target_s: float = TARGET_S, cap: int = MAX_STEPS) -> int:
     """Pretraining steps for both kinds: as many as fit the first kind (learned positions) into
     `target_s`, counting its compile time, evaluations and checkpoints, in multiples of 25, at most `cap`."""
-    per_step = rates.step_s["learned"] + (8 * 16 / 8 * rates.eval_s + SAVE_S) / 25  # an evaluation every 25
-    fits = (target_s - PROCESS_S - rates.compile_s["learned"]) / per_step
+    fits = (target_s - PROCESS_S - rates.compile_s["learned"]) / step_seconds(rates)
     return int(min(cap, max(STEP_ROUND, round(fits / STEP_ROUND) * STEP_ROUND)))
 
 
+def step_seconds(rates: Rates) -> float:
+    """A pretraining step of the first kind, with its share of the evaluations and checkpoints (every 25)."""
+    return rates.step_s["learned"] + (8 * 16 / 8 * rates.eval_s + SAVE_S) / 25
+
+
+# Fewer steps than this train a model that writes nonsense: 75 steps left held-out loss at 5.29, where 300
+# reach about 3.6 and the committed 1,000 about 2.8 (results/warmup.json, results/pretrain-rope.json). A
+# machine that fits fewer into ten minutes, but the floor into SLOW_OK times them, trains the floor; one
+# slower still, or too busy, is told so, with the command for a smaller job.
+STEP_FLOOR = 300
+SLOW_OK = 1.5
+
+
+def floor_seconds(rates: Rates) -> float:
+    """What the first kind's pretraining takes at the floor's steps, at these rates."""
+    return PROCESS_S + rates.compile_s["learned"] + STEP_FLOOR * step_seconds(rates)
+
+
+def below_floor(rates: Rates) -> str | None:
+    """Why the default job would train a useless model here, and what to run instead, in one line;
+    None where the floor fits (steps_for, or the floor itself on a machine a little slow)."""
+    if steps_for(rates) >= STEP_FLOOR or floor_seconds(rates) <= SLOW_OK * TARGET_S:
+        return None
+    busy = rates.busy()
+    return (f"this machine took {rates.step_s['learned']:.2f} s a pretraining step while the plan measured"
+            + (f" ({busy})" if busy else "") + f": ten minutes would train {steps_for(rates)} steps a model, "
+            f"fewer than the {STEP_FLOOR} a useful one needs: run it when the machine is quieter, ask for the "
+            f"steps, `python scripts/main.py --max-steps {STEP_FLOOR}` (about {minutes(floor_seconds(rates))} a "
+            "model here), or check the install in minutes with `python scripts/main.py --tiny`")
+
+
 # ----------------------------------------------------------------------------------------------
-# The plan printed, and the time left after each stage
+# The plan printed, and the time left after each stage, planned again from what the stages took
 
 
 def minutes(seconds: float) -> str:
     return f"{seconds / 60:.1f} min"
 
 
+REPLAN = 0.1  # the rest's estimate changed by more than this share: say why
+SLOWER = 1.5  # a stage that took this many times its plan (and half a minute more) is said to
+
+
 class Progress:
-    """The plan's table, then after each stage a line: its time against its estimate, and the time left."""
+    """The plan's table, then after each stage a line: its time against its estimate, and the time left.
+
+    The time left is planned again after every stage: the stages left, at the pace the stages so far
+    kept against their plan (a machine busy while the plan measured, or a core taken since, shows
+    there first). The line says when that moved the estimate, and a stage far slower than planned
+    is said, with what other programs took of the cores meanwhile."""
 
     def __init__(self, plan: list[Stage], started: float | None = None, clock: Callable[[], float] = time.perf_counter,
-                 say: Callable[[str], None] = print) -> None:
+                 say: Callable[[str], None] = print, load: type[OtherLoad] = OtherLoad) -> None:
         """started: the clock when the job began (the data's preparation and the measuring count too)."""
-        self.plan, self.clock, self.say = plan, clock, say
+        self.plan, self.clock, self.say, self.load = plan, clock, say, load
         self.last = clock()
         self.started = self.last if started is None else started
         self.left = {stage.name: stage.seconds for stage in plan}
         self.planned_s = self.total  # the whole job's estimate, the time before the plan included (show)
         self.took: list[dict] = []  # each stage done: its name, estimate and time
+        self.pace = 1.0  # the stages so far: their time over their plan
+        self.other = load(clock).__enter__()  # other programs' share of the cores during the stage
 
     @property
     def total(self) -> float:
@@ -298,11 +373,25 @@ class Progress:
     def done(self, name: str) -> None:
         now = self.clock()
         took, self.last = now - self.last, now
+        self.other.__exit__(None, None, None)
+        other, self.other = self.other.cores, self.load(self.clock).__enter__()
         planned = self.left.pop(name)
-        left = sum(self.left.values())
-        self.took.append({"stage": name, "planned_s": planned, "took_s": took})
-        self.say(f"\n[{name}: {minutes(took)} (planned {minutes(planned)}); about {minutes(left)} left, "
-                 f"{minutes(now - self.started)} so far]")
+        before = sum(self.left.values()) * self.pace
+        self.took.append({"stage": name, "planned_s": planned, "took_s": took, "other_cores": other})
+        timed = [t for t in self.took if t["planned_s"] > 0]
+        if timed:
+            self.pace = sum(t["took_s"] for t in timed) / sum(t["planned_s"] for t in timed)
+        left = sum(self.left.values()) * self.pace
+        notes = []
+        if planned > 0 and took > SLOWER * planned and took - planned > 30:
+            notes.append(f"{name} took {took / planned:.1f}x its plan" + (
+                f": other programs kept {other:.1f} cores busy meanwhile" if other and other > BUSY_CORES else
+                ": this machine ran slower than when the plan measured it"))
+        if self.left and abs(left - before) > REPLAN * max(before, 60.0):
+            notes.append(f"the stages so far took {self.pace:.2f}x their plan: the rest planned again, from "
+                         f"{minutes(before)} to {minutes(left)}")
+        self.say(f"\n[{name}: {minutes(took)} (planned {minutes(planned)}); " + "".join(n + "; " for n in notes)
+                 + f"about {minutes(left)} left, {minutes(now - self.started)} so far]")
 
     def summary(self) -> dict:
         """The plan against the job as it went: main.py writes it to results/main-job.json."""

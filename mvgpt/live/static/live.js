@@ -50,10 +50,13 @@ async function streamEvents(url, onEvent, signal) {
     throw new Error(body.error || response.statusText);
   }
   const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
-  let buffer = "";
+  let buffer = "", finished = false;
   for (;;) {
     const { value, done } = await reader.read();
-    if (done) return;
+    if (done) {
+      if (finished) return;
+      throw new Error("the stream ended early: the server stopped, or the connection broke");
+    }
     buffer += value;
     let end;
     while ((end = buffer.indexOf("\n\n")) >= 0) {
@@ -64,7 +67,13 @@ async function streamEvents(url, onEvent, signal) {
         if (line.startsWith("event: ")) event = line.slice(7);
         else if (line.startsWith("data: ")) data += line.slice(6);
       }
-      if (data) onEvent(event, JSON.parse(data)); // comment lines (": waiting") carry no data
+      if (!data) continue; // comment lines (": waiting") carry no data
+      if (event === "error") { // the server's last word on a stream that failed: the page shows it
+        reader.cancel().catch(() => {});
+        throw new Error(JSON.parse(data).message);
+      }
+      finished = event === "done";
+      onEvent(event, JSON.parse(data));
     }
   }
 }

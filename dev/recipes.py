@@ -1,0 +1,375 @@
+"""Training recipes side by side, on the clock, interleaved on one machine: which buys more held-out loss?
+
+A recipe is everything about training but the model: the optimizer and its settings, the learning
+rate's schedule, the initialisation of the residual projections, the batch. The recipes each train
+their own copy of the same model, from the same seed, on the same batches (the batch of step k is
+the same for all, as pretrain.py draws it), in one process, a step at a time: always the one whose
+clock is furthest behind. Each has a clock of its own, the seconds of its own steps, and
+a budget on it (--minutes), so a burst of load on the shared machine slows both alike, and a recipe
+whose step costs more (Muon) gets fewer steps, as it would in a ten-minute run. Evaluations are off
+both clocks. Compiling is left out too: it costs both the same.
+
+It reports the held-out loss of each at equal wall time (the end of the budget, and each quarter of
+it) and at equal tokens (every --eval-every steps both reached), on the whole held-out set at the
+end (as evaluate.py reads it) and on --eval-batches batches on the way, for each seed, with the
+spread over seeds. `--minutes 0 --steps N` trains both N steps, their schedules on the steps: a
+check of the loss per token, untimed.
+
+Examples:
+    python dev/recipes.py --recipes baseline wsd --seeds 1337 1338 --json results/amd-epyc/recipes/wsd.json
+    python dev/recipes.py --recipes baseline wsd beta2 wd --minutes 10     # several against the first, interleaved
+    python dev/recipes.py --recipes baseline muon wsd:lr=3e-3,cooldown=0.4 --minutes 5
+    python dev/recipes.py --list                                   # the recipes and what each changes
+    python dev/recipes.py --recipes baseline wsd --minutes 0 --steps 20 --n-layer 1 --n-embd 32 --n-head 2 \\
+        --block-size 16 --batch-size 4 --data-dir /tmp/tinydata     # tiny, seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # noqa: the workshop runs from a checkout, mvgpt importable or not
+
+from mvgpt.data import DATA_DIR, get_batch, load_tokens  # noqa: E402
+from mvgpt.device import autocast, dtype_name, machine, pick_device, resolve_dtype  # noqa: E402
+from mvgpt.kit.errors import ArgumentParser, non_negative_float, positive_int, run_main, writable_file  # noqa: E402
+from mvgpt.kit.io import write_json  # noqa: E402
+from mvgpt.model import GPT, GPTConfig  # noqa: E402
+from mvgpt.train import Step, configure_optimizer, lr_at  # noqa: E402
+
+EVAL_SEED = 1234  # pretrain.py's: the held-out batches on the way are the same for every run
+
+
+# ----------------------------------------------------------------------------------------------
+# The recipes
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How to train: today's default is `baseline`; each other recipe changes one thing, or several."""
+
+    what: str
+    lr: float = 2e-3
+    betas: tuple[float, float] = (0.9, 0.95)
+    weight_decay: float = 0.1
+    schedule: str = "cosine"  # cosine: warm-up then a half cosine to min_ratio; wsd: warm-up, flat, linear down
+    warmup: int = 200  # steps, bounded by warmup_share of the budget on the clock
+    warmup_share: float = 0.2
+    min_ratio: float = 0.1
+    cooldown: float = 0.5  # wsd: the share of the budget the final linear decay takes
+    muon: bool = False  # Muon on the blocks' matrices, AdamW on the rest
+    muon_lr: float | None = None  # default: lr (Muon's update scaled to AdamW's size: match_rms_adamw)
+    zero_proj: bool = False  # the two residual projections of each block start at zero
+    batch_size: int = 16
+
+
+RECIPES = {
+    "baseline": Recipe("today's: AdamW 2e-3, betas (0.9, 0.95), wd 0.1, warm-up 200 steps or 1/5 of the clock, "
+                       "cosine to 0.1x"),
+    "wsd": Recipe("warm-up 50 steps or 1/20 of the clock, flat, linear down to 0.01x over the last half",
+                  schedule="wsd", warmup=50, warmup_share=0.05, min_ratio=0.01, cooldown=0.5),
+    "beta2": Recipe("beta2 0.99 (nanoGPT's for a 4,096-token batch)", betas=(0.9, 0.99)),
+    "wd": Recipe("weight decay 0.5: 1/(lr x wd) = 1,000 steps, about the run", weight_decay=0.5),
+    "zero-proj": Recipe("the residual projections start at zero", zero_proj=True),
+    "muon": Recipe("Muon on the blocks' 24 matrices (lr as AdamW's, match_rms_adamw), AdamW on the rest", muon=True),
+    "lr3e-3": Recipe("lr 3e-3", lr=3e-3),
+    "batch32": Recipe("32 sequences a step, lr x sqrt(2)", batch_size=32, lr=2e-3 * math.sqrt(2)),
+}
+
+
+def combined(*names: str, **changes) -> Recipe:
+    """The recipes' changes from the baseline, together (a later one wins where two change the same field)."""
+    base = asdict(RECIPES["baseline"])
+    fields = dict(base)
+    for name in names:
+        fields.update({k: v for k, v in asdict(RECIPES[name]).items() if v != base[k] and k != "what"})
+    fields.update(changes)
+    fields["what"] = " + ".join(names) + (f" ({changes})" if changes else "")
+    return Recipe(**fields)
+
+
+def recipe(name: str) -> Recipe:
+    """A named recipe, or names joined by + (wsd+beta2), or field=value changes after a colon
+    (wsd:lr=3e-3,cooldown=0.4)."""
+    names, _, changes = name.partition(":")
+    values = {}
+    for pair in filter(None, changes.split(",")):
+        key, _, value = pair.partition("=")
+        kind = type(getattr(RECIPES["baseline"], key))
+        values[key] = (value.lower() in ("1", "true", "yes")) if kind is bool else kind(value)
+    parts = names.split("+")
+    unknown = [p for p in parts if p not in RECIPES]
+    if unknown:
+        raise SystemExit(f"error: no recipe {unknown[0]!r}: pick from {', '.join(RECIPES)} (--list says what each is)")
+    if len(parts) == 1 and not values:
+        return RECIPES[parts[0]]
+    return combined(*parts, **values)
+
+
+# ----------------------------------------------------------------------------------------------
+# What a recipe sets up: the optimizer, the schedule, the start
+
+
+class Optimizers:
+    """Several optimizers stepped as one (Muon for the matrices, AdamW for the rest), with one lr:
+    each group keeps its share of the lr it was made with (`scale`)."""
+
+    def __init__(self, *optimizers: torch.optim.Optimizer) -> None:
+        self.optimizers = optimizers
+        self.param_groups = [g for o in optimizers for g in o.param_groups]
+        base = self.param_groups[0]["lr"]
+        for g in self.param_groups:
+            g["scale"] = g["lr"] / base
+
+    def set_lr(self, lr: float) -> None:
+        for g in self.param_groups:
+            g["lr"] = lr * g["scale"]
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for o in self.optimizers:
+            o.zero_grad(set_to_none=set_to_none)
+
+    def step(self) -> None:
+        for o in self.optimizers:
+            o.step()
+
+
+def block_matrices(model: GPT) -> list[torch.nn.Parameter]:
+    """The blocks' weight matrices (qkv, projection, the MLP's two): what Muon orthogonalises."""
+    return [p for name, p in model.named_parameters() if name.startswith("blocks.") and p.dim() == 2]
+
+
+def make_optimizer(model: GPT, r: Recipe, device: torch.device) -> Optimizers:
+    if not r.muon:
+        return Optimizers(configure_optimizer(model, r.lr, r.weight_decay, device, r.betas))
+    matrices = block_matrices(model)
+    ids = {id(p) for p in matrices}
+    rest = [p for p in model.parameters() if id(p) not in ids]
+    muon = torch.optim.Muon(matrices, lr=r.muon_lr or r.lr, weight_decay=r.weight_decay,
+                            adjust_lr_fn="match_rms_adamw")
+    decay, no_decay = [p for p in rest if p.dim() >= 2], [p for p in rest if p.dim() < 2]
+    adamw = torch.optim.AdamW([{"params": decay, "weight_decay": r.weight_decay},
+                               {"params": no_decay, "weight_decay": 0.0}], lr=r.lr, betas=r.betas,
+                              fused=device.type in ("cpu", "cuda"))
+    return Optimizers(adamw, muon)
+
+
+def lr_of(r: Recipe, step: int, clock: float, budget: float, pace: float | None, steps: int | None) -> float:
+    """The lr of `step`: on the clock (`clock` seconds of `budget`, `pace` seconds a step so far) or over
+    `steps`. cosine is pretrain.py's own schedule (mvgpt.train.lr_at); wsd warms up as it does (in
+    steps, at most warmup_share of the budget), holds, then falls linearly over the last `cooldown`."""
+    if r.schedule == "cosine":
+        return lr_at(step, r.lr, r.warmup, r.min_ratio, steps, clock, budget or None, pace, r.warmup_share)
+    warmup, progress = r.warmup, step / steps if steps else clock / budget
+    if not steps and pace:
+        warmup = min(warmup, max(1.0, r.warmup_share * budget / pace))
+    if step < warmup:
+        return r.lr * (step + 1) / warmup
+    down = 1 - r.cooldown
+    return r.lr * (1 - (1 - r.min_ratio) * min(1.0, max(0.0, progress - down) / r.cooldown))
+
+
+def build(r: Recipe, config: GPTConfig, seed: int, device: torch.device, dtype: torch.dtype,
+          compile: bool) -> tuple[GPT, Step, Optimizers]:
+    torch.manual_seed(seed)
+    model = GPT(config).to(device).train()
+    if r.zero_proj:
+        with torch.no_grad():
+            for block in model.blocks:
+                block.attn.proj.weight.zero_()
+                block.mlp.proj.weight.zero_()
+    optimizer = make_optimizer(model, r, device)
+    forward = torch.compile(model) if compile else model
+    return model, Step(model, optimizer, device, dtype, forward=forward), optimizer
+
+
+# ----------------------------------------------------------------------------------------------
+# Two recipes, interleaved
+
+
+@dataclass
+class Run:
+    name: str
+    r: Recipe
+    model: GPT
+    step_fn: Step
+    optimizer: Optimizers
+    step: int = 0
+    clock: float = 0.0
+    first_s: float = 0.0
+    evals: list[dict] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)
+
+
+@torch.no_grad()
+def held_out(model: GPT, val: np.ndarray, batch_size: int, batches: int | None, device, dtype) -> float:
+    """Mean loss: `batches` random batches of pretrain.py's held-out draw, or (None) every window of the
+    held-out set, as evaluate.py reads it."""
+    model.eval()
+    T, losses = model.config.block_size, []
+    if batches is None:
+        n = (len(val) - 1) // T  # windows of T + 1 tokens, one token shared: each token scored once
+        for i in range(0, n, 16):
+            chunk = torch.from_numpy(np.stack([val[j * T: j * T + T + 1] for j in range(i, min(i + 16, n))])
+                                     .astype(np.int64)).to(device)
+            with autocast(device, dtype):
+                losses.append((model(chunk[:, :-1], chunk[:, 1:])[1].item(), len(chunk)))
+        model.train()
+        return sum(loss * n for loss, n in losses) / sum(n for _, n in losses)
+    for i in range(batches):
+        x, y = get_batch(val, batch_size, T, EVAL_SEED, i)
+        with autocast(device, dtype):
+            losses.append(model(x.to(device), y.to(device))[1].item())
+    model.train()
+    return sum(losses) / len(losses)
+
+
+def race(args: argparse.Namespace, names: tuple[str, ...], seed: int, config: GPTConfig, train, val,
+         device, dtype) -> dict:
+    runs = []
+    for name in names:
+        r = recipe(name)
+        model, step_fn, optimizer = build(r, config, seed, device, dtype, args.compile)
+        runs.append(Run(name, r, model, step_fn, optimizer))
+    budget = args.minutes * 60
+    T = config.block_size
+    quarters = [budget * q / 4 for q in (1, 2, 3)] if budget else []
+
+    def evaluate(run: Run, at: str) -> None:
+        run.evals.append({"step": run.step, "tokens": run.step * run.r.batch_size * T, "seconds": run.clock,
+                          "at": at, "val_loss": held_out(run.model, val, 16, args.eval_batches, device, dtype)})
+
+    def done(run: Run) -> bool:
+        return run.clock >= budget if budget else run.step >= args.steps
+
+    while not all(done(run) for run in runs):
+        run = min((r for r in runs if not done(r)), key=lambda r: (r.clock, names.index(r.name)))
+        pace = statistics.median(run.times) if len(run.times) > 1 else None  # the steps' own, compiling left out
+        lr = lr_of(run.r, run.step, run.clock, budget, pace, None if budget else args.steps)
+        run.optimizer.set_lr(lr)
+        x, y = get_batch(train, run.r.batch_size, T, seed, run.step)
+        t0 = time.perf_counter()
+        loss, _ = run.step_fn(x, y)
+        loss.item()
+        dt = time.perf_counter() - t0
+        if run.step == 0 and args.compile:
+            run.first_s = dt  # compiling: off the clock, the same for both
+        else:
+            run.clock += dt
+            run.times.append(dt)
+        run.step += 1
+        if not math.isfinite(loss.item()):
+            raise SystemExit(f"error: {run.name} diverged at step {run.step} (loss {loss.item()})")
+        if run.step % args.eval_every == 0:
+            evaluate(run, "step")
+        while quarters and len([e for e in run.evals if e["at"] == "quarter"]) < 3 and \
+                run.clock >= quarters[len([e for e in run.evals if e["at"] == "quarter"])]:
+            evaluate(run, "quarter")
+    out = {}
+    for run in runs:
+        final = held_out(run.model, val, 16, None, device, dtype)
+        out[run.name] = {"recipe": asdict(run.r), "steps": run.step, "seconds": run.clock,
+                         "tokens": run.step * run.r.batch_size * T, "step_s": statistics.median(run.times),
+                         "val_loss": final, "evals": run.evals}
+        print(f"  seed {seed} {run.name:<24} {run.step:>5} steps, {statistics.median(run.times) * 1e3:6.0f} ms a step, "
+              f"held-out {final:.4f} (whole set)", flush=True)
+    return out
+
+
+def equal_tokens(a: dict, b: dict) -> tuple[int, float, float] | None:
+    """(tokens, loss of a, loss of b) at the most tokens both evaluated at, on the way."""
+    la = {e["tokens"]: e["val_loss"] for e in a["evals"] if e["at"] == "step"}
+    lb = {e["tokens"]: e["val_loss"] for e in b["evals"] if e["at"] == "step"}
+    both = sorted(la.keys() & lb.keys())
+    return (both[-1], la[both[-1]], lb[both[-1]]) if both else None
+
+
+def summary(names: tuple[str, ...], seeds: dict[int, dict]) -> dict:
+    """Each recipe against the first: held-out loss at equal time (the end of the budget) and at equal
+    tokens, seed by seed, and the seed spread of each."""
+    a = names[0]
+    ends = {n: [s[n]["val_loss"] for s in seeds.values()] for n in names}
+    against = {}
+    for b in names[1:]:
+        tok = [equal_tokens(s[a], s[b]) for s in seeds.values()]
+        diffs = [s[b]["val_loss"] - s[a]["val_loss"] for s in seeds.values()]
+        against[b] = {"equal_time": diffs, "equal_time_mean": statistics.mean(diffs),
+                      "equal_tokens": [t[2] - t[1] for t in tok if t], "equal_tokens_at": [t[0] for t in tok if t]}
+    return {"reference": a, "recipes": list(names), "seeds": list(seeds), "val_loss": ends,
+            "seed_spread": {n: (max(v) - min(v)) if len(v) > 1 else None for n, v in ends.items()},
+            "against_reference": against,
+            "steps": {n: [s[n]["steps"] for s in seeds.values()] for n in names},
+            "step_s": {n: [s[n]["step_s"] for s in seeds.values()] for n in names}}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--recipes", nargs="+", default=["baseline", "wsd"],
+                   help="the reference first, then the others (a name, names joined by +, or name:k=v,...)")
+    p.add_argument("--list", action="store_true", help="print the recipes and what each changes, then stop")
+    p.add_argument("--seeds", type=int, nargs="+", default=[1337])
+    p.add_argument("--minutes", type=non_negative_float, default=10.0, help="each recipe's budget on its clock")
+    p.add_argument("--steps", type=positive_int, default=1000, help="with --minutes 0: each recipe's steps")
+    p.add_argument("--eval-every", type=positive_int, default=100)
+    p.add_argument("--eval-batches", type=positive_int, default=8)
+    p.add_argument("--data-dir", default=str(DATA_DIR))
+    p.add_argument("--rope", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--n-layer", type=positive_int, default=6)
+    p.add_argument("--n-head", type=positive_int, default=6)
+    p.add_argument("--n-embd", type=positive_int, default=384)
+    p.add_argument("--block-size", type=positive_int, default=256)
+    p.add_argument("--batch-size", type=positive_int, help="every recipe's batch (default: each recipe's own)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"))
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--json", type=writable_file)
+    args = p.parse_args(argv)
+    if args.list:
+        for name, r in RECIPES.items():
+            print(f"{name:<10} {r.what}")
+        return {}
+    names = tuple(args.recipes)
+    if len(set(names)) != len(names):
+        p.error("give each recipe once")
+    for n in names:
+        recipe(n)
+    device = pick_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    if args.batch_size:
+        for n in list(RECIPES):
+            RECIPES[n] = replace(RECIPES[n], batch_size=args.batch_size)
+    train, val = load_tokens(args.data_dir, "train"), load_tokens(args.data_dir, "val")
+    import json
+    vocab = json.loads((Path(args.data_dir) / "meta.json").read_text())["vocab_size"]
+    config = GPTConfig(vocab_size=vocab, block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_head,
+                       n_embd=args.n_embd, rope=args.rope)
+    print(f"{', '.join(names)}: " + (f"{args.minutes:g} minutes each on its own clock" if args.minutes
+                                      else f"{args.steps} steps each"), flush=True)
+    t0 = time.perf_counter()
+    seeds = {seed: race(args, names, seed, config, train, val, device, dtype) for seed in args.seeds}
+    result = {"command": "python dev/recipes.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+              "machine": machine(device), "dtype": dtype_name(dtype), "config": asdict(config),
+              "minutes": args.minutes, "steps": None if args.minutes else args.steps,
+              "runs": {str(k): v for k, v in seeds.items()}, **summary(names, seeds),
+              "seconds": time.perf_counter() - t0}
+    for b, d in result["against_reference"].items():
+        tokens = ", ".join(f"{x:+.4f}" for x in d["equal_tokens"])
+        print(f"{b} - {names[0]}, held-out at equal time: " + ", ".join(f"{x:+.4f}" for x in d["equal_time"])
+              + (f"; at equal tokens ({d['equal_tokens_at'][0]:,}): {tokens}" if d["equal_tokens_at"] else ""))
+    if args.json:
+        write_json(args.json, result)
+    return result
+
+
+if __name__ == "__main__":
+    run_main(main)
