@@ -18,18 +18,17 @@ import shlex
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
+from workshop import script
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-from bench import make_model, random_tokens, train_step  # noqa: E402
+from mvgpt.device import machine
+from mvgpt.kit.io import write_json
+from mvgpt.model import CausalSelfAttention, GPTConfig
+from mvgpt.perf.cpu_attention import _BatchedCausalAttention
+from mvgpt.perf.measure import matmul_flops, time_it, tune_malloc
 
-from mvgpt.device import machine  # noqa: E402
-from mvgpt.kit.io import write_json  # noqa: E402
-from mvgpt.model import CausalSelfAttention, GPTConfig  # noqa: E402
-from mvgpt.perf.cpu_attention import _BatchedCausalAttention  # noqa: E402
-from mvgpt.perf.measure import matmul_flops, time_it, tune_malloc  # noqa: E402
+bench = script("bench")  # scripts/bench.py (dev/workshop.py)
 
 
 class _MaskBuiltInTheStep(_BatchedCausalAttention):
@@ -63,15 +62,15 @@ def main(argv: list[str] | None = None) -> dict:
     for rope in (False, True):
         config = GPTConfig(vocab_size=args.vocab_size, block_size=args.block_size, n_layer=args.n_layer,
                            n_head=args.n_head, n_embd=args.n_embd, rope=rope)
-        x, y = (random_tokens((args.batch_size, args.block_size), args.vocab_size, cpu, seed=s) for s in (1, 2))
+        x, y = (bench.random_tokens((args.batch_size, args.block_size), args.vocab_size, cpu, seed=s) for s in (1, 2))
         for compiled in (False,) if args.no_compile else (True, False):
             for mask in ("made once", "built in the step"):
-                model = make_model(config, cpu, train=True)
+                model = bench.make_model(config, cpu, train=True)
                 if mask == "built in the step":
                     for module in model.modules():
                         if isinstance(module, CausalSelfAttention):
                             module.attend = attention_mask_in_the_step
-                fn = train_step(model, x, y, cpu, torch.bfloat16, compiled, batched_attention=mask == "made once")
+                fn = bench.train_step(model, x, y, cpu, torch.bfloat16, compiled, batched_attention=mask == "made once")
                 variants.append({"kind": "rope" if rope else "learned", "compiled": compiled, "mask": mask,
                                  "losses": [fn() for _ in range(3)]})  # the first steps (and the compiling)
                 fns.append(fn)

@@ -28,9 +28,9 @@ from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
+import readme_stats
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "dev"))
-import readme_stats  # noqa: E402
 
 MATH_FONT = "Noto Sans Math"  # docs/assets/fonts, declared in docs/stylesheets/extra.css
 LOCAL_PATH = re.compile(r"(?<![\w.~-])(?:/tmp|/work|/root|/home|/Users|/mnt|/var/tmp)/|(?:\.\./)*shared/data/|"

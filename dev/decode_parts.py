@@ -33,8 +33,9 @@ from collections.abc import Callable
 import torch
 
 from mvgpt.device import cpu_bf16_native, dtype_name, machine
-from mvgpt.kit.errors import ArgumentParser, at_least, run_main, writable_file
+from mvgpt.kit.errors import ArgumentParser, at_least, run_main
 from mvgpt.kit.io import write_json
+from mvgpt.kit.runfolder import writable_file
 from mvgpt.model import GPT, GPTConfig, KVCache
 from mvgpt.perf.fast_decode import DTYPES, FastDecode, address, step_weights
 from mvgpt.perf.measure import memory_bandwidth

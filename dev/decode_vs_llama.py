@@ -15,7 +15,7 @@ rounds, and the figure is each one's median ms/token over the rounds (a busy mac
   Python adds to each of its steps (the batch's fields, the ctypes calls) is timed on its own.
 
 Each against its floor: the bytes a step must read (every weight once, the keys and values of 256
-tokens) at the memory's read bandwidth (scripts/bench.py's measure_ceilings and decode_floor_ms).
+tokens) at the memory's read bandwidth (scripts/bench.py's measure_ceilings and bench.decode_floor_ms).
 With one thread, each engine's CPU time per token too: a busy machine stretches the clock, not that.
 And where our steps spend their time: each profiled (torch.profiler), by part.
 
@@ -40,25 +40,19 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
+from workshop import script
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-from bench import (  # noqa: E402
-    decode_floor_ms,
-    generate_seconds_per_token,
-    measure_ceilings,
-    random_tokens,
-    with_threads,
-)
+from mvgpt.checkpoint import load_model
+from mvgpt.device import cpu_bf16_native, dtype_name, machine
+from mvgpt.export.gguf import export_gguf, llama_cpp_missing
+from mvgpt.kit.io import write_json
+from mvgpt.model import GPT, GPTConfig, KVCache
+from mvgpt.perf.fast_decode import FastDecode
+from mvgpt.perf.flops import decode_bytes_per_token, forward_flops
+from mvgpt.perf.measure import matmul_flops, profile
+from mvgpt.tokenizer import Tokenizer
 
-from mvgpt.checkpoint import load_model  # noqa: E402
-from mvgpt.device import cpu_bf16_native, dtype_name, machine  # noqa: E402
-from mvgpt.export.gguf import export_gguf, llama_cpp_missing  # noqa: E402
-from mvgpt.kit.io import write_json  # noqa: E402
-from mvgpt.model import GPT, GPTConfig, KVCache  # noqa: E402
-from mvgpt.perf.fast_decode import FastDecode  # noqa: E402
-from mvgpt.perf.flops import decode_bytes_per_token, forward_flops  # noqa: E402
-from mvgpt.perf.measure import matmul_flops, profile  # noqa: E402
-from mvgpt.tokenizer import Tokenizer  # noqa: E402
+bench = script("bench")  # scripts/bench.py (dev/workshop.py)
 
 GOALS = {"over_llama_cpp": 1.0, "over_floor": 1.5}  # issue 29: no slower than llama.cpp, within 1.5x the floor
 PARTS = (  # our eager step's operations, by the names the profiler gives them (the first that matches)
@@ -208,7 +202,7 @@ def measure(model32: GPT, files: dict[str, Path], threads: int, args, ceilings: 
     torch.set_num_threads(threads)
     W = model32.config.block_size
     held = W - 1
-    stream = random_tokens((1, 4 * W), model32.config.vocab_size, torch.device("cpu"), seed=3)
+    stream = bench.random_tokens((1, 4 * W), model32.config.vocab_size, torch.device("cpu"), seed=3)
     dtypes = [torch.float32] + ([torch.bfloat16] if cpu_bf16_native() else [])
     models = {d: model32 if d == torch.float32 else copy.deepcopy(model32).to(d) for d in dtypes}
     engines: dict[str, Ours | LlamaCpp] = {}
@@ -216,7 +210,8 @@ def measure(model32: GPT, files: dict[str, Path], threads: int, args, ceilings: 
     bandwidth = max(v for k, v in ceilings.items() if k.startswith("read_bandwidth"))
     peak = ceilings["matmul_fp32_flops"]
     for d, m in models.items():
-        floor = {"floor_ms": decode_floor_ms(m, W, 1, bandwidth, peak), "floor_bytes": decode_bytes_per_token(m, W)}
+        floor = {"floor_ms": bench.decode_floor_ms(m, W, 1, bandwidth, peak),
+                 "floor_bytes": decode_bytes_per_token(m, W)}
         for fast in (False, True):
             name = f"mvGPT {'C step' if fast else 'eager'}, {dtype_name(d)}"
             engines[name] = Ours(m, stream, held, fast)
@@ -264,12 +259,12 @@ def rerun_rows(config: GPTConfig, threads: int, dtypes: list[torch.dtype], quick
     peak measured now, at this thread count, in its dtype (a 256-row product runs near that peak)."""
     torch.manual_seed(0)
     learned = GPT(replace(config, rope=False)).eval()
-    prompt = random_tokens((1, config.block_size), config.vocab_size, torch.device("cpu"), seed=5)
+    prompt = bench.random_tokens((1, config.block_size), config.vocab_size, torch.device("cpu"), seed=5)
     rows = []
     for d in dtypes:
         model = copy.deepcopy(learned).to(d)
         peak = matmul_flops("cpu", 1024 if quick else 2048, d, repeats=3 if quick else 5)
-        ms = 1e3 * generate_seconds_per_token(model, prompt, False, 2, 3 if quick else 5)
+        ms = 1e3 * bench.generate_seconds_per_token(model, prompt, False, 2, 3 if quick else 5)
         floor_ms = 1e3 * forward_flops(config, config.block_size) / peak
         rows.append({"name": f"mvGPT re-run window, {dtype_name(d)}", "engine": "mvGPT", "step": "re-run window",
                      "weights": dtype_name(d), "threads": threads, "ms": ms, "compute_floor_ms": floor_ms,
@@ -307,7 +302,7 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit("error: this compares the sliding cache, which needs a rope model: pick a rope checkpoint")
     missing = llama_cpp_missing()
     print(machine(), f"; llama.cpp: {missing or 'llama-cpp-python ' + __import__('llama_cpp').__version__}")
-    ceilings = with_threads(max(args.threads), lambda: measure_ceilings(torch.device("cpu"), args.quick,
+    ceilings = bench.with_threads(max(args.threads), lambda: bench.measure_ceilings(torch.device("cpu"), args.quick,
                                                                         max(args.threads)))
     print(f"read bandwidth {ceilings['read_bandwidth'] / 1e9:.1f} GB/s "
           f"(1 thread {ceilings.get('read_bandwidth_1_thread', ceilings['read_bandwidth']) / 1e9:.1f})", flush=True)

@@ -6,18 +6,14 @@ every way to lose work in tests/test_nothing_lost.py's table, the same way.
 
 from __future__ import annotations
 
-import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+from workshop import ROOT, script, test_module
 
-sys.path.insert(0, str(ROOT / "scripts"))
-
-from test_cli_errors import page, run_all  # noqa: E402
-from test_nothing_lost import harm_page  # noqa: E402
-from test_nothing_lost import run_all as run_harms  # noqa: E402
+script("pretrain")  # the tests' tables import the scripts as modules, as pytest does (dev/workshop.py)
+cli_errors, nothing_lost = test_module("test_cli_errors"), test_module("test_nothing_lost")
+page, run_all, harm_page, run_harms = cli_errors.page, cli_errors.run_all, nothing_lost.harm_page, nothing_lost.run_all
 
 if __name__ == "__main__":
     with tempfile.TemporaryDirectory() as tmp:

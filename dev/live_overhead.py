@@ -41,21 +41,19 @@ from pathlib import Path
 from urllib.parse import urlencode
 
 import torch
+from workshop import ROOT, script
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-import context  # noqa: E402
-import serve  # noqa: E402
+from mvgpt.checkpoint import checkpoint_arg, load_model
+from mvgpt.data import DATA_DIR, data_tokenizer_hash, load_tokens, prepared_data, windows
+from mvgpt.device import machine, pick_device
+from mvgpt.kit.errors import ArgumentParser, UserError, at_least, run_main
+from mvgpt.kit.io import write_json
+from mvgpt.kit.runfolder import writable_file
+from mvgpt.live.views import Limits
+from mvgpt.perf.fast_decode import use_decode_step
+from mvgpt.tokenizer import Tokenizer
 
-from mvgpt.checkpoint import checkpoint_arg, load_model  # noqa: E402
-from mvgpt.data import DATA_DIR, data_tokenizer_hash, load_tokens, prepared_data, windows  # noqa: E402
-from mvgpt.device import machine, pick_device  # noqa: E402
-from mvgpt.kit.errors import ArgumentParser, UserError, at_least, run_main, writable_file  # noqa: E402
-from mvgpt.kit.io import write_json  # noqa: E402
-from mvgpt.live.views import Limits  # noqa: E402
-from mvgpt.perf.fast_decode import use_decode_step  # noqa: E402
-from mvgpt.tokenizer import Tokenizer  # noqa: E402
-
+context, serve = script("context"), script("serve")  # scripts/context.py, scripts/serve.py (dev/workshop.py)
 PAUSE = 0.5  # seconds between runs: a process's OpenMP threads spin for a while after their work
 
 

@@ -14,18 +14,16 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import sys
 import threading
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-import serve  # noqa: E402
+from workshop import ROOT, script
 
-from mvgpt.checkpoint import checkpoint_arg  # noqa: E402
-from mvgpt.data import DATA_DIR, prepared_data  # noqa: E402
-from mvgpt.kit.errors import ArgumentParser, UserError, at_least, run_main, writable_folder  # noqa: E402
+from mvgpt.checkpoint import checkpoint_arg
+from mvgpt.data import DATA_DIR, prepared_data
+from mvgpt.kit.errors import ArgumentParser, UserError, at_least, run_main, writable_folder
 
+serve = script("serve")  # scripts/serve.py (dev/workshop.py)
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]
 WAIT_MS = 20 * 60 * 1000  # the sliding window re-runs a window per token: minutes for a real model on a CPU

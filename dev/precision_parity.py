@@ -22,11 +22,11 @@ import shlex
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-
-import pretrain
+from workshop import script
 
 from mvgpt.kit.io import write_json
+
+pretrain = script("pretrain")  # scripts/pretrain.py (dev/workshop.py)
 
 TOLERANCE = 0.03  # nats: the largest held-out loss difference allowed at any evaluation
 

@@ -144,20 +144,27 @@ def training(r: dict) -> dict:
             ["step", "learned", "rope", "rope − learned"],
             [[f"{s:,}", f"{learned[s]:.4f}", f"{rope[s]:.4f}", f"{rope[s] - learned[s]:+.4f}"] for s in shared])
 
+    return {"training": head(*runs.items()) + body, "training-loss.png": loss_figure(runs)}
+
+
+def loss_figure(runs: dict[str, dict]) -> Draw:
+    """Held-out and training-batch loss against step, a colour per run ({JSON name: run}, named as in RUNS)."""
+
     def draw(plt):
         fig, (ax,) = figure(plt, height=4.2)
         for i, (name, d) in enumerate(runs.items()):
+            label = RUNS[Path(name).name]
             steps = [e["step"] for e in d["evals"]]
             ax.plot(steps, [e["val_loss"] for e in d["evals"]], "o-", color=f"C{i}", ms=3,
-                    label=f"{RUNS[name]}, held out")
+                    label=f"{label}, held out")
             ax.plot(steps, [math.nan if e["train_loss"] is None else e["train_loss"] for e in d["evals"]], "--",
                     color=f"C{i}", alpha=0.6,
-                    label=f"{RUNS[name]}, training batch")
+                    label=f"{label}, training batch")
         ax.set(xlabel="optimizer step", ylabel="loss (nats per token)", title="Loss against step")
         ax.legend()
         return fig
 
-    return {"training": head(*runs.items()) + body, "training-loss.png": draw}
+    return draw
 
 
 def cpu(machine: str) -> str:
@@ -189,14 +196,19 @@ def ten_minutes(r: dict) -> dict:
 
 def evaluate(r: dict) -> dict:
     d = r["evaluate.json"]
+    return {"evaluate": head(("evaluate.json", d)) + evaluate_table(d)}
+
+
+def evaluate_table(d: dict) -> str:
+    """evaluate.py's JSON as a table: a row per model, under the tokens read and the dtype."""
     both = all("loss_difference" in x for x in d["rows"])  # read in bf16, and in float32 for the difference
     rows = [[f"`{x['model']}`", f"{x['params']:,}", x["context"], f"{x['loss']:.4f}", f"{x['perplexity']:.2f}",
              f"{x['accuracy']:.1%}"] + ([f"{x['loss_difference']:+.4f}"] if both else []) for x in d["rows"]]
     tokens = ", ".join(dict.fromkeys(f"{x['tokens']:,}" for x in d["rows"]))
     dtypes = ", ".join(dict.fromkeys(x.get("dtype", "float32") for x in d["rows"]))
-    return {"evaluate": head(("evaluate.json", d)) + f"Over {tokens} held-out tokens, read in {dtypes}.\n\n" + table(
+    return f"Over {tokens} held-out tokens, read in {dtypes}.\n\n" + table(
         ["model", "parameters", "context", "held-out loss", "perplexity", "top-1"]
-        + (["bf16 - float32 loss"] if both else []), rows)}
+        + (["bf16 - float32 loss"] if both else []), rows)
 
 
 def precision(r: dict) -> dict:
@@ -355,6 +367,13 @@ def linear_products(name: str, output: str) -> Callable[[dict], dict]:
 
 def context(r: dict) -> dict:
     d = r["context.json"]
+    body, draw = context_table(d)
+    return {"context": head(("context.json", d)) + body, "context-loss.png": draw}
+
+
+def context_table(d: dict, drawn: tuple[str, ...] | None = None) -> tuple[str, Draw]:
+    """context.py's JSON as a table with its speed ratios, and the figure of loss against position (the rows of
+    the models in `drawn` alone, all by default)."""
     rows, window, smooth = d["rows"], d["window"], 32
     body = (f"{d['streams']} streams of {d['length']} held-out tokens; loss over the tokens past the first "
             f"{window}, on `{d['device']}`.\n\n")
@@ -380,7 +399,7 @@ def context(r: dict) -> dict:
         fig, (ax,) = figure(plt, height=4.2)
         styles = {"sliding window": "-", "sliding cache": "--", "full context": ":"}
         for i, x in enumerate(rows):
-            if x["method"] == "sliding cache, C step":
+            if x["method"] == "sliding cache, C step" or (drawn and x["model"] not in drawn):
                 continue  # its losses are the sliding cache's: one line would hide the other
             means = moving_average(x["position_losses"], smooth)
             start = window + (smooth - 1) / 2  # each mean sits in the middle of its positions
@@ -395,7 +414,7 @@ def context(r: dict) -> dict:
         ax.set_ylim(top=ax.get_ylim()[1] + 0.15 * (ax.get_ylim()[1] - ax.get_ylim()[0]))
         return fig
 
-    return {"context": head(("context.json", d)) + body, "context-loss.png": draw}
+    return body, draw
 
 
 def data(r: dict) -> dict:
@@ -889,14 +908,15 @@ def ours(r: dict, where: str) -> float | None:
 
 
 def episode(r: dict) -> dict:
+    """Every figure the video quotes beside ours, from the episode page's one run set (ONE_RUN_SET)."""
     e = r["episode.json"]
-    rows = [[f["what"], f"{f['text']} ({f['at']})", "–" if (v := ours(r, f["ours"])) is None else f["format"].format(v)]
-            for f in e["figures"]]
-    used = ["episode.json", *(n for n in ("pretrain.json", "pretrain-rope.json", *TEN_MINUTES, "evaluate.json",
-                                          "context.json", "context-gpu.json")
-                              if n in r and any(f["ours"].startswith(n) or f" {n}" in f["ours"] for f in e["figures"]))]
-    body = f"The episode: {e['hardware']}. This run: the machine(s) above; `–`: not measured here.\n\n"
-    return {"episode": head(*[(n, r[n]) for n in used]) + body + table(["figure", "episode (at)", "this run"], rows,
+    specs = [(f, on_machine(f["ours"], ONE_RUN_SET)) for f in e["figures"]]
+    rows = [[f["what"], f"{f['text']} ({f['at']})", "–" if (v := ours(r, spec)) is None else f["format"].format(v)]
+            for f, spec in specs]
+    used = ["episode.json", *(n for n in dict.fromkeys([*ONE_RUN_SET.values(), "context-gpu.json"])
+                              if n in r and any(s.startswith(f"{n}:") or f" {n}:" in s for _, s in specs))]
+    body = f"The episode: {e['hardware']}. Ours: the machine above; `–`: not measured here.\n\n"
+    return {"episode": head(*[(n, r[n]) for n in used]) + body + table(["figure", "episode (at)", "ours"], rows,
                                                                           "lrr")}
 
 
@@ -978,6 +998,18 @@ EPISODE_COMMANDS = {  # as the README gives them; the video types `python pretra
 MAIN_JOB = "amd-epyc/main-job-default/"
 EPISODE_RUNS = {"pretrain": "amd-epyc/episode/pretrain-rope.json", "evaluate": "amd-epyc/episode/evaluate.json",
                 "context": "amd-epyc/episode/context.json"}
+# The episode's page reads one run set, on one machine: the main job as typed (MAIN_JOB) and the episode's commands
+# typed after it (EPISODE_RUNS). Each JSON an episode figure names (results/episode.json), mapped to that set's own;
+# the learned model's ten minutes as typed were not run after the main job, so their rows say "not measured here"
+ONE_RUN_SET = {"pretrain.json": MAIN_JOB + "pretrain.json", "pretrain-rope.json": MAIN_JOB + "pretrain-rope.json",
+               "ten-minutes/pretrain.json": "amd-epyc/episode/pretrain.json",
+               "ten-minutes/pretrain-rope.json": EPISODE_RUNS["pretrain"],
+               "evaluate.json": EPISODE_RUNS["evaluate"], "context.json": EPISODE_RUNS["context"]}
+INTRO = {  # the video's headline (0:19), by the names episode.json gives its figures: the intro table's label of each
+    "CPU ms/token: learned, sliding window": "learned positions: the window run again, ms a token",
+    "CPU ms/token: rope, sliding cache": "rotary embeddings: the sliding cache, ms a token",
+    "CPU: learned window ÷ rope's sliding cache": "the window's time ÷ the cache's",
+}
 
 
 def load_all(results: Path) -> dict:
@@ -1051,6 +1083,59 @@ def pretrain_typed(r: dict) -> dict:
     d = r[name]
     return {"pretrain-typed": head((name, {**d, "command": EPISODE_COMMANDS["pretrain"] + f" --json results/{name}"}))
             + f"```text\n{pretrain_printed(d)}\n```\n"}
+
+
+def typed_head(name: str, d: dict, command: str) -> str:
+    """head() for a JSON that one of the episode's commands wrote, the command as a learner types it (its glob
+    unquoted), --json added."""
+    return (f"From `results/{name}` (made by `{command} --json results/{name}`), by `python dev/report.py`.  \n"
+            f"Machine: {d['machine']}\n\n")
+
+
+def episode_intro(r: dict) -> dict:
+    """The video's headline past the window, ratio against ratio, beside context.py's as typed after the main job."""
+    name = EPISODE_RUNS["context"]
+    figures = {f["what"]: f for f in r["episode.json"]["figures"]}
+    rows = []
+    for what, label in INTRO.items():
+        f = figures[what]
+        v = ours(r, on_machine(f["ours"], ONE_RUN_SET))
+        rows.append([label, f["text"], "–" if v is None else f["format"].format(v)])
+    return {"episode-intro": typed_head(name, r[name], EPISODE_COMMANDS["context"])
+            + "Ours: `pretrain`'s sliding window and `pretrain-rope`'s sliding cache, the main job's two models.\n\n"
+            + table(["past the window, on a CPU", "the video (0:19)", "ours"], rows, "lrr")}
+
+
+def episode_training(r: dict) -> dict:
+    """The main job's two runs as typed, side by side, and their loss against step: the episode's 10:16."""
+    runs = {MAIN_JOB + n: r[MAIN_JOB + n] for n in RUNS}
+    rows = [[RUNS[Path(n).name], f"{d['steps']:,}", f"{d['tokens_per_s']:,.0f}", f"{d['val_loss']:.4f}"]
+            for n, d in runs.items()]
+    steps = " and ".join(dict.fromkeys(f"{d['steps']:,}" for d in runs.values()))
+    return {"episode-training": head(*runs.items()) + f"{steps} steps each. The held-out loss is `pretrain.py`'s "
+            "own estimate at the last step, on its fixed held-out batches.\n\n"
+            + table(["run", "steps", "tokens/s, median step", "held-out loss"], rows),
+            "episode-loss.png": loss_figure(runs)}
+
+
+def episode_evaluate(r: dict) -> dict:
+    """`evaluate.py checkpoints/*` as typed after the main job: every model there, and how long it took."""
+    name = EPISODE_RUNS["evaluate"]
+    d = r[name]
+    took = f"\nIt took {minutes(d['seconds'])} for all {len(d['rows'])} models.\n" if d.get("seconds") else ""
+    return {"episode-evaluate": typed_head(name, d, EPISODE_COMMANDS["evaluate"]) + evaluate_table(d) + took}
+
+
+def episode_context(r: dict) -> dict:
+    """`context.py checkpoints/*` as typed after the main job: every model and method, the speed ratios, how long it
+    took, and the figure of the main job's two models."""
+    name = EPISODE_RUNS["context"]
+    d = r[name]
+    body, draw = context_table(d, README_CONTEXT_MODELS)
+    notes = "".join(f"- {note}\n" for note in d.get("notes", []))
+    return {"episode-context": typed_head(name, d, EPISODE_COMMANDS["context"]) + body
+            + (f"\nIts notes:\n\n{notes}" if notes else "") + f"\nIt took {minutes(context_seconds(d))} in all.\n",
+            "episode-context-loss.png": draw}
 
 
 def readme_evaluate(r: dict) -> str:
@@ -1206,8 +1291,11 @@ OUTPUTS: list[tuple[tuple[str, ...], tuple[str, ...], Callable[[dict], dict], tu
     ((), LIVE, live_overhead, ("live-overhead",)),
     ((), DECODE_PARTS, decode_parts, ("decode-parts",)),
     ((EPISODE_RUNS["pretrain"],), (), pretrain_typed, ("pretrain-typed",)),
-    (("episode.json",), (*RUNS, *TEN_MINUTES, "evaluate.json", "context.json", "context-gpu.json"), episode,
-     ("episode",)),
+    (("episode.json", EPISODE_RUNS["context"]), (), episode_intro, ("episode-intro",)),
+    (tuple(MAIN_JOB + n for n in RUNS), (), episode_training, ("episode-training", "episode-loss.png")),
+    ((EPISODE_RUNS["evaluate"],), (), episode_evaluate, ("episode-evaluate",)),
+    ((EPISODE_RUNS["context"],), (), episode_context, ("episode-context", "episode-context-loss.png")),
+    (("episode.json",), (*dict.fromkeys(ONE_RUN_SET.values()), "context-gpu.json"), episode, ("episode",)),
     ((), (), rope_speeds, ("rope-speeds",)),
     ((), (), weights, ("weights",)),
     ((), (), rotation, ("rope-rotation.png",)),

@@ -16,9 +16,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from check_docs import FLAGS, find_chromium
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "dev"))
-from check_docs import FLAGS, find_chromium  # noqa: E402
 
 PAGES = ["index.html", "rope.html", "performance.html"]
 

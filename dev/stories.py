@@ -23,8 +23,9 @@ import torch
 from mvgpt.checkpoint import checkpoint_arg, load_model
 from mvgpt.data import DATA_DIR, data_tokenizer_hash, prepared_data
 from mvgpt.device import machine, pick_device
-from mvgpt.kit.errors import ArgumentParser, non_negative_float, non_negative_int, positive_int, run_main, writable_file
+from mvgpt.kit.errors import ArgumentParser, non_negative_float, non_negative_int, positive_int, run_main
 from mvgpt.kit.io import write_json
+from mvgpt.kit.runfolder import writable_file
 from mvgpt.tokenizer import Tokenizer
 
 

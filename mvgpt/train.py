@@ -30,7 +30,6 @@ import torch.distributed as dist
 from mvgpt.device import autocast
 from mvgpt.kit.errors import UserError
 from mvgpt.model import GPT
-from mvgpt.perf.cpu_attention import batched_attention_pays, use_batched_attention
 
 # ----------------------------------------------------------------------------------------------
 # The optimizer and the learning rate
@@ -115,21 +114,15 @@ class Step:
 
     `forward` is what runs the model (the model itself, or it compiled, or wrapped for several
     processes); `loss` turns a batch into the loss (default: the model's own, over every target).
-    On a CPU in bf16, attention's products over all heads at once replace PyTorch's kernel
-    (mvgpt/perf/cpu_attention.py: the step runs faster, the checkpoint is the same), unless
-    `batched_attention` says otherwise.
+    A faster attention for training is the caller's to put in (its hook, `CausalSelfAttention.attend`:
+    mvgpt/perf/cpu_attention.py's `use_batched_attention` where it pays).
     """
 
     def __init__(self, model: GPT, optimizer: torch.optim.Optimizer, device: torch.device | str, dtype: torch.dtype,
                  *, grad_clip: float = 1.0, forward: Callable | None = None,
-                 loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
-                 batched_attention: bool | None = None) -> None:
+                 loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> None:
         self.optimizer, self.device, self.dtype, self.grad_clip = optimizer, torch.device(device), dtype, grad_clip
         self.params = [p for p in model.parameters() if p.requires_grad]
-        if batched_attention is None:
-            batched_attention = batched_attention_pays(device, dtype)
-        if batched_attention:
-            use_batched_attention(model)
         forward = model if forward is None else forward
         self.loss = loss or (lambda x, y: forward(x, y)[1])
 

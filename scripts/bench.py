@@ -61,10 +61,11 @@ import torch
 
 from mvgpt.device import CHOICES as DTYPE_CHOICES
 from mvgpt.device import dtype_name, machine, pick_device, resolve_dtype, sync
-from mvgpt.kit.errors import ArgumentParser, positive_float, positive_int, positive_ints, run_main, writable_file
+from mvgpt.kit.errors import ArgumentParser, positive_float, positive_int, positive_ints, run_main
 from mvgpt.kit.io import write_json
+from mvgpt.kit.runfolder import writable_file
 from mvgpt.model import GPT, GPTConfig, KVCache
-from mvgpt.perf.cpu_attention import batched_attention_pays
+from mvgpt.perf.cpu_attention import batched_attention_pays, use_batched_attention
 from mvgpt.perf.fast_decode import FastDecode, break_even_tokens
 from mvgpt.perf.flops import (
     decode_bytes_per_token,
@@ -104,11 +105,12 @@ def random_tokens(shape: tuple[int, ...], vocab_size: int, device: torch.device,
 def train_step(model: GPT, x: torch.Tensor, y: torch.Tensor, device: torch.device, dtype: torch.dtype,
                compile: bool = False, batched_attention: bool | None = None) -> Callable[[], float]:
     """The step pretrain.py takes (mvgpt.train.Step: forward under autocast, backward, clip, fused AdamW),
-    with the loss read to the host. Attention's batched products where they pay, as the step chooses,
+    with the loss read to the host. Attention's batched products where they pay, as pretrain.py chooses,
     unless `batched_attention` says."""
     optimizer = configure_optimizer(model, lr=1e-4, weight_decay=0.1, device=device)  # small lr: sane weights
-    step = Step(model, optimizer, device, dtype, forward=torch.compile(model) if compile else model,
-                batched_attention=batched_attention)
+    if batched_attention if batched_attention is not None else batched_attention_pays(device, dtype):
+        use_batched_attention(model)
+    step = Step(model, optimizer, device, dtype, forward=torch.compile(model) if compile else model)
     return lambda: step(x, y)[0].item()
 
 

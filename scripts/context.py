@@ -36,8 +36,9 @@ from tqdm import tqdm
 from mvgpt.checkpoint import existing_path, read_models
 from mvgpt.data import DATA_DIR, data_tokenizer_hash, load_tokens, prepared_data, windows
 from mvgpt.device import machine, pick_device, sync
-from mvgpt.kit.errors import ArgumentParser, at_least, run_main, writable_file
+from mvgpt.kit.errors import ArgumentParser, at_least, run_main
 from mvgpt.kit.io import write_json
+from mvgpt.kit.runfolder import writable_file
 from mvgpt.model import GPT, KVCache
 from mvgpt.perf.fast_decode import FastDecode, add_decode_step_arg, c_step
 

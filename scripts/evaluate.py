@@ -35,8 +35,9 @@ from mvgpt.data import DATA_DIR, data_tokenizer_hash, load_tokens, prepared_data
 from mvgpt.device import CHOICES as DTYPE_CHOICES
 from mvgpt.device import autocast, dtype_name, machine, pick_device, resolve_dtype
 from mvgpt.extension.flags import add_context_args, apply_context_args
-from mvgpt.kit.errors import ArgumentParser, positive_int, run_main, writable_file
+from mvgpt.kit.errors import ArgumentParser, positive_int, run_main
 from mvgpt.kit.io import write_json
+from mvgpt.kit.runfolder import writable_file
 from mvgpt.model import GPT
 from mvgpt.tokenizer import Tokenizer
 

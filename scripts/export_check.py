@@ -60,11 +60,10 @@ from mvgpt.kit.errors import (
     positive_float,
     positive_int,
     run_main,
-    writable_file,
     writable_folder,
 )
 from mvgpt.kit.io import write_json
-from mvgpt.kit.runfolder import claim, claim_file
+from mvgpt.kit.runfolder import claim, claim_file, writable_file
 from mvgpt.tokenizer import Tokenizer
 
 

@@ -61,11 +61,10 @@ from mvgpt.kit.errors import (
     positive_int,
     run_main,
     seed,
-    writable_file,
     writable_folder,
 )
 from mvgpt.kit.io import write_json
-from mvgpt.kit.runfolder import RunLock, claim, claim_file
+from mvgpt.kit.runfolder import RunLock, claim, claim_file, writable_file
 from mvgpt.kit.runlog import RunLog, read_log
 from mvgpt.lora import (
     DEFAULT_ALPHA,
@@ -82,6 +81,7 @@ from mvgpt.lora import (
     weights_hash,
 )
 from mvgpt.model import GPT
+from mvgpt.perf.cpu_attention import batch_attention_where_it_pays
 from mvgpt.tokenizer import Tokenizer
 from mvgpt.train import LossWatch, Step, StopSignals, all_finite, diverged, lr_at
 
@@ -301,7 +301,8 @@ def train(model: GPT, args: argparse.Namespace, device, tok_hash: str | None, ou
 
     out_dir.mkdir(parents=True, exist_ok=True)
     # the one training step (mvgpt/train.py): the adapters train, in the run's precision (bf16 products where
-    # native, as in pretraining); the loss is on the story tokens only
+    # native, as in pretraining; attention batched on a CPU, as there); the loss is on the story tokens only
+    batch_attention_where_it_pays(model, device, dtype)
     train_step = Step(model, optimizer, device, dtype, grad_clip=args.grad_clip,
                       loss=lambda x, y: story_loss(model, x, y))
     budget = args.minutes * 60 if args.minutes else float("inf")

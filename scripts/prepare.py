@@ -31,9 +31,9 @@ from mvgpt.data import (
     resolve_source,
     source_files,
 )
-from mvgpt.kit.errors import ArgumentParser, non_negative_float, number, run_main, writable_file, writable_folder
+from mvgpt.kit.errors import ArgumentParser, non_negative_float, number, run_main, writable_folder
 from mvgpt.kit.io import write_json
-from mvgpt.kit.runfolder import claim, claim_file, holds
+from mvgpt.kit.runfolder import claim, claim_file, holds, writable_file
 
 
 def data_counts(meta: dict, command: list[str]) -> dict:

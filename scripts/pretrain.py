@@ -74,13 +74,13 @@ from mvgpt.kit.errors import (
     run_main,
     seed,
     share,
-    writable_file,
     writable_folder,
 )
 from mvgpt.kit.io import write_json
-from mvgpt.kit.runfolder import RunLock, claim, claim_file
+from mvgpt.kit.runfolder import RunLock, claim, claim_file, writable_file
 from mvgpt.kit.runlog import RunLog, read_log
 from mvgpt.model import GPT, GPTConfig
+from mvgpt.perf.cpu_attention import batch_attention_where_it_pays
 from mvgpt.perf.measure import compile_pays, tune_malloc
 from mvgpt.train import (
     WARMUP_SHARE,
@@ -512,7 +512,9 @@ def main(argv: list[str] | None = None) -> dict:
             if args.compile:  # the bar stands still meanwhile: say why
                 print("the first step compiles the model: a while when inductor's cache is empty, seconds "
                       "after (--no-compile skips it)")
-        # the one training step (mvgpt/train.py): bf16 products where native, attention batched on a CPU
+        # the one training step (mvgpt/train.py): bf16 products where native; in bf16 on a CPU, attention's
+        # products over all heads at once (a hook: mvgpt/perf/cpu_attention.py)
+        batch_attention_where_it_pays(model, device, dtype)
         step_fn = Step(model, optimizer, device, dtype, grad_clip=args.grad_clip, forward=train_model)
         log = RunLog(out_dir, args.runs_dir, step, args.max_steps, master=master)
         run = dict(model=model, step_fn=step_fn, optimizer=optimizer, device=device, dtype=dtype, log=log,

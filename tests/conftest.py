@@ -5,18 +5,15 @@ from __future__ import annotations
 import importlib.util
 import random
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
+from mvgpt.data import prepare
+from mvgpt.model import GPT, GPTConfig
 
-from mvgpt.data import prepare  # noqa: E402
-from mvgpt.model import GPT, GPTConfig  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 # What each optional extra of pyproject.toml brings: a test marked @pytest.mark.extra("export") skips, saying
 # which install brings it, where one of its modules is missing. The README's set-up installs none of them, and

@@ -1,15 +1,11 @@
 """dev/attention_mask.py on a tiny model: the mask built in the step computes the same training as
 the mask made once, and every figure the docs quote is there."""
 
-import sys
-from pathlib import Path
 
+import attention_mask
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev"))
-import attention_mask  # noqa: E402
-
-from mvgpt.perf.cpu_attention import batched_causal_attention  # noqa: E402
+from mvgpt.perf.cpu_attention import batched_causal_attention
 
 
 def test_the_mask_built_in_the_step_attends_as_the_mask_made_once():

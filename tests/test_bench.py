@@ -39,7 +39,7 @@ def run(*args: str) -> subprocess.CompletedProcess:
     """A script or a check in a process of its own: the bench allocates large buffers and compiling
     loads inductor (hundreds of MB, and global options), which would stay in the test process, and
     a process's peak memory carries over into the processes it starts (tests/test_context.py)."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), str(ROOT)]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), str(ROOT / "scripts"), str(ROOT)]))
     done = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     return done
@@ -111,7 +111,6 @@ def test_bench_runs_end_to_end_and_writes_its_figures(tmp_path):
 
 
 def test_training_bench_times_the_compiled_bf16_step_with_each_attention_side_by_side(monkeypatch):
-    sys.path.insert(0, str(ROOT / "scripts"))
     import bench
 
     from mvgpt.model import causal_attention
@@ -141,7 +140,6 @@ def test_training_bench_times_the_compiled_bf16_step_with_each_attention_side_by
 
 
 def test_a_profiled_steps_parts_add_up_to_its_table_and_are_each_the_median_of_the_profiles(monkeypatch):
-    sys.path.insert(0, str(ROOT / "scripts"))
     import bench
 
     x, y = (torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(s)) for s in (1, 2))
@@ -159,7 +157,6 @@ def test_a_profiled_steps_parts_add_up_to_its_table_and_are_each_the_median_of_t
 
 
 def test_compiled_over_eager_compares_each_precisions_step_as_pretrain_takes_it():
-    sys.path.insert(0, str(ROOT / "scripts"))
     import bench
 
     def row(kind, dtype, compiled, attention, tokens_per_s):
@@ -213,7 +210,6 @@ def c_step_gives_the_eager_logits() -> None:
     """bench's C step row: one_token.c's step on a copy of the model, timed beside the eager one, its logits
     within float rounding of the eager step's after sliding (run by the test above, in a process of its
     own), and the model it was given left as it was; a model it does not cover: why, not a row."""
-    sys.path.insert(0, str(ROOT / "scripts"))
     import bench
 
     model = tiny_model(rope=True, n_embd=64, n_head=4)
@@ -229,7 +225,6 @@ def c_step_gives_the_eager_logits() -> None:
 def test_a_part_that_would_take_too_long_here_is_skipped_in_one_line_and_the_rest_runs(monkeypatch, capsys, tmp_path):
     """bf16 emulated (a CPU without bf16 instructions: ~300 times slower than float32): the probe reports
     it slow, and the bf16 parts are skipped, each in one line with its estimate; float32's all run."""
-    sys.path.insert(0, str(ROOT / "scripts"))
     import bench
 
     slow = {"matmul_fp32_flops": 1e12, "matmul_bf16_flops": 1e3, "read_bandwidth": 1e12}
@@ -265,7 +260,6 @@ def test_a_part_that_would_take_too_long_here_is_skipped_in_one_line_and_the_res
 
 
 def test_the_plan_says_its_durations_in_seconds_minutes_or_hours():
-    sys.path.insert(0, str(ROOT / "scripts"))
     import bench
 
     assert [bench.minutes(s) for s in (42.4, 119.0, 150.0, 7199.0, 5 * 3600.0)] == [
@@ -274,7 +268,6 @@ def test_the_plan_says_its_durations_in_seconds_minutes_or_hours():
 
 def test_only_runs_the_parts_asked_for_and_the_ceilings(capsys):
     """bench.py --only decoding (dev/gpu_check.sh's: a GPU's decoding without its training's compiles)."""
-    sys.path.insert(0, str(ROOT / "scripts"))
     import bench
 
     result = bench.main([*TINY, "--quick", "--only", "decoding"])

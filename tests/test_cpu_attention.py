@@ -6,6 +6,7 @@ from conftest import tiny_model
 from mvgpt.device import autocast
 from mvgpt.model import causal_attention
 from mvgpt.perf.cpu_attention import (
+    batch_attention_where_it_pays,
     batched_attention_pays,
     batched_causal_attention,
     causal_mask,
@@ -91,3 +92,14 @@ def test_the_causal_mask_hides_the_future_and_is_made_once_per_shape():
     assert torch.equal(mask.tril(), torch.zeros(4, 4, dtype=torch.bfloat16))
     assert causal_mask(4, torch.bfloat16, torch.device("cpu")) is mask
     assert causal_mask(4, torch.float32, torch.device("cpu")) is not mask
+
+
+def test_a_trainer_batches_attention_in_bf16_on_a_cpu_and_reading_stays_the_models_own():
+    model, other = tiny_model(seed=2).train(), tiny_model(seed=2).train()
+    assert batch_attention_where_it_pays(model, "cpu", torch.bfloat16) is True
+    assert batch_attention_where_it_pays(other, "cpu", torch.float32) is False
+    assert all(b.attn.attend is batched_causal_attention for b in model.blocks)
+    assert all("attend" not in vars(b.attn) for b in other.blocks)  # float32: PyTorch's kernel, untouched
+    x = torch.randint(0, 64, (3, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():  # reading (an evaluation, a measurement): exactly what a model loaded later computes
+        assert torch.equal(model.eval()(x)[0], tiny_model(seed=2)(x)[0])

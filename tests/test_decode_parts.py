@@ -2,17 +2,14 @@
 natively, what runs around the call as their difference, and the call's parts against their floors."""
 
 import json
-import sys
 
+import decode_parts
 import pytest
 import torch
-from conftest import ROOT, tiny_model
+from conftest import tiny_model
 
 from mvgpt.device import cpu_bf16_native
 from mvgpt.perf.fast_decode import FastDecode
-
-sys.path.insert(0, str(ROOT / "dev"))
-import decode_parts  # noqa: E402
 
 
 @pytest.fixture(scope="module")

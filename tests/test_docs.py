@@ -7,15 +7,13 @@ link leading to a file of the site."""
 from __future__ import annotations
 
 import shutil
-import sys
 from pathlib import Path
 
+import check_docs
 import pytest
+import readme_stats
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "dev"))
-import check_docs  # noqa: E402
-import readme_stats  # noqa: E402
 
 needs_docs = pytest.mark.extra("docs")  # mkdocs, its theme, latex2mathml (tests/conftest.py)
 needs_chromium = pytest.mark.browser  # skipped without Debian's chromium (tests/conftest.py)

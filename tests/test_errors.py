@@ -7,7 +7,7 @@ import sys
 import pytest
 from conftest import ROOT
 
-from mvgpt.kit import errors
+from mvgpt.kit import errors, runfolder
 from mvgpt.kit.errors import UserError, run_main
 
 
@@ -44,12 +44,13 @@ def test_checks_say_what_is_wrong_and_what_would_do(check, text, message):
 
 def test_writable_paths_are_checked_without_leaving_anything(tmp_path):
     (tmp_path / "file").write_text("x")
-    assert errors.writable_file(str(tmp_path / "new" / "deeper" / "out.json")) == str(tmp_path / "new/deeper/out.json")
+    out = str(tmp_path / "new" / "deeper" / "out.json")
+    assert runfolder.writable_file(out) == out
     assert errors.writable_folder(str(tmp_path / "made" / "later")) == str(tmp_path / "made/later")
-    assert errors.writable_file(str(tmp_path / "file")) == str(tmp_path / "file")  # overwriting a file is fine
+    assert runfolder.writable_file(str(tmp_path / "file")) == str(tmp_path / "file")  # overwriting a file is fine
     for check, text, message in [
-        (errors.writable_file, tmp_path, f"{tmp_path} is a folder: give a file name"),
-        (errors.writable_file, tmp_path / "file" / "out.json",
+        (runfolder.writable_file, tmp_path, f"{tmp_path} is a folder: give a file name"),
+        (runfolder.writable_file, tmp_path / "file" / "out.json",
          f"cannot write {tmp_path}/file/out.json: {tmp_path}/file is a file, not a folder"),
         (errors.writable_folder, tmp_path / "file", f"{tmp_path}/file is a file: give a folder"),
         (errors.writable_folder, tmp_path / "file" / "sub", f"cannot write {tmp_path}/file/sub: "
@@ -61,7 +62,7 @@ def test_writable_paths_are_checked_without_leaving_anything(tmp_path):
     if os.geteuid() != 0:  # root may write anywhere
         (tmp_path / "locked").mkdir(mode=0o500)
         with pytest.raises(errors.argparse.ArgumentTypeError, match="Permission denied"):
-            errors.writable_file(str(tmp_path / "locked" / "out.json"))
+            runfolder.writable_file(str(tmp_path / "locked" / "out.json"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"] + (["locked"] if os.geteuid() else [])
 
 

@@ -1,13 +1,9 @@
 """dev/linear_products.py on a tiny shape: every layer's products are timed, and the step's total is
 the sum of each layer's three products times how many of that layer the model has."""
 
-import sys
-from pathlib import Path
 
+import linear_products
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev"))
-import linear_products  # noqa: E402
 
 
 def test_every_layer_has_its_products_and_the_step_adds_them_up(tmp_path):

@@ -2,17 +2,13 @@
 matching path is timed on the same piece, and the overhead is the stream's time per step over context.py's."""
 
 import json
-import sys
-from pathlib import Path
 
+import live_overhead
 import pytest
 from conftest import tiny_model
 
 from mvgpt.checkpoint import save_checkpoint
 from mvgpt.data import data_tokenizer_hash
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev"))
-import live_overhead  # noqa: E402
 
 W = 16
 

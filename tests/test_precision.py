@@ -1,7 +1,5 @@
 import contextlib
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -27,7 +25,6 @@ def test_autocast_gives_bf16_logits_and_a_float32_loss():
 
 
 def test_parity_script_compares_float32_and_bf16_at_every_evaluation(data_dir, tmp_path, monkeypatch):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev"))
     import precision_parity
 
     out = tmp_path / "parity.json"

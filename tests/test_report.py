@@ -347,21 +347,92 @@ def test_bench_table_tolerates_absent_optional_keys(results):
     assert "**One training step (rope, bfloat16)**\n\n```text\nmm 58%\n```" in tables["bench-profiles"]
 
 
-def test_episode_table_sets_each_episode_figure_beside_ours(results):
+AMD = "AMD EPYC (AVX512), 2 threads of 2 cores, torch x, cpu"
+
+
+def one_run_set(results: Path) -> dict:
+    """The episode page's run set on one machine: the main job's two runs, and the episode's commands typed after
+    it (`pretrain.py --rope` into pretrain-rope-2, evaluate.py and context.py on checkpoints/*)."""
+    typed = {**pretrain_json("rope", 600, 0.5), "machine": AMD}
+    typed["args"]["out_dir"] = "checkpoints/pretrain-rope-2"
+    files = {"amd-epyc/main-job-default/pretrain.json": {**pretrain_json("learned", 825, 0.375), "machine": AMD},
+             "amd-epyc/main-job-default/pretrain-rope.json": {**pretrain_json("rope", 825, 0.25), "machine": AMD},
+             "amd-epyc/episode/pretrain-rope.json": typed,
+             "amd-epyc/episode/evaluate.json": {**evaluate_json(), "machine": AMD, "seconds": 150.0},
+             "amd-epyc/episode/context.json": {**context_json(), "machine": AMD, "seconds": 600.0}}
+    files["amd-epyc/episode/evaluate.json"]["rows"].append({**evaluate_json()["rows"][1], "model": "pretrain-rope-2",
+                                                            "loss": 2.0, "perplexity": math.exp(2.0)})
+    for name, d in files.items():
+        (results / name).parent.mkdir(parents=True, exist_ok=True)
+        (results / name).write_text(json.dumps(d))
+    return files
+
+
+def test_episode_table_sets_each_episode_figure_beside_ours_from_one_run_set(results):
+    one_run_set(results)
     episode = json.loads((ROOT / "results" / "episode.json").read_text())
-    names = ("pretrain.json", "pretrain-rope.json", "evaluate.json", "context.json", *report.TEN_MINUTES)
-    r = {n: json.loads((results / n).read_text()) for n in names if (results / n).exists()}
-    for f in episode["figures"]:  # every figure finds its place in what the scripts write (no GPU run here)
-        assert (report.ours(r, f["ours"]) is None) == f["ours"].startswith("context-gpu.json"), f["what"]
-    rows = {row[0]: row[1:] for row in rows_of(report.build(results)[0]["episode"])}
+    r = report.load_all(results)
+    for f in episode["figures"]:  # every figure finds its place in the run set, but the learned run typed again
+        spec = report.on_machine(f["ours"], report.ONE_RUN_SET)  # and the GPU, which the set does not have
+        assert (report.ours(r, spec) is None) == (f["ours"].startswith(("context-gpu.json", "ten-minutes/pretrain."))
+                                                  or "@1000" in f["ours"]), f["what"]
+    text = report.build(results)[0]["episode"]
+    assert text.startswith("From `results/episode.json`, `results/amd-epyc/main-job-default/pretrain.json` (made by "
+                           "`python scripts/pretrain.py --minutes 10`)")
+    assert f"Machine: {AMD}\n" in text and MACHINE not in text  # one machine, named once
+    assert "`results/pretrain.json`" not in text and "`results/ten-minutes/" not in text
+    rows = {row[0]: row[1:] for row in rows_of(text)}
+    assert rows["figure"] == ["episode (at)", "ours"]
     assert rows["CPU ms/token: rope, sliding cache"] == ["about 2.2 (0:19, 13:37)", "2.0"]
     assert rows["CPU: rope's window ÷ its sliding cache"] == ["about 5.3× (13:37)", "6.0×"]
-    assert rows["steps in ten minutes, rope (`pretrain.py --rope` as typed)"] == ["1,178 (9:40)", "650"]
-    assert rows["held-out loss after ten minutes, learned (as typed)"] == ["about 2.25 (16:20)", "2.50"]
-    assert rows["held-out loss at step 1,000, learned"] == ["about 2.31 (10:16)", "2.00"]
+    assert rows["steps in ten minutes, rope (`pretrain.py --rope` as typed)"] == ["1,178 (9:40)", "600"]
+    assert rows["held-out loss after ten minutes, learned (as typed)"] == ["about 2.25 (16:20)", "–"]
+    assert rows["held-out loss at the end, learned"] == ["about 2.25 (16:20)", "2.38"]  # the main job's
+    assert rows["held-out loss at step 1,000, learned"] == ["about 2.31 (10:16)", "–"]  # 825 steps: none at 1,000
     assert rows["top-1 accuracy, rope"] == ["about 51% (10:41)", "50%"]
     assert rows["parameters fewer than with learned positions"][1] == "100"
     assert rows["GPU ms/token: rope, sliding cache"] == ["about 3.0 (13:37)", "–"]
+
+
+def test_episode_intro_sets_the_videos_headline_beside_ours_ratio_against_ratio(results):
+    one_run_set(results)
+    intro = report.build(results)[0]["episode-intro"]
+    assert intro.startswith("From `results/amd-epyc/episode/context.json` (made by `python scripts/context.py "
+                            "checkpoints/* --device cpu --json results/amd-epyc/episode/context.json`), by "
+                            f"`python dev/report.py`.  \nMachine: {AMD}\n\n")  # the glob as a learner types it
+    assert rows_of(intro) == [["past the window, on a CPU", "the video (0:19)", "ours"],
+                              ["learned positions: the window run again, ms a token", "about 8.6", "8.0"],
+                              ["rotary embeddings: the sliding cache, ms a token", "about 2.2", "2.0"],
+                              ["the window's time ÷ the cache's", "8.6 ÷ 2.2 ≈ 3.9×", "4.0×"]]
+
+
+def test_episode_training_evaluate_and_context_tables_come_from_the_one_run_set(results):
+    one_run_set(results)
+    tables, figures = report.build(results)
+    training = tables["episode-training"]
+    assert training.startswith("From `results/amd-epyc/main-job-default/pretrain.json` (made by `python "
+                               "scripts/pretrain.py --minutes 10`), `results/amd-epyc/main-job-default/pretrain-rope"
+                               ".json` (made by `python scripts/pretrain.py --rope --minutes 10`)")
+    assert "Machine: " + AMD + "\n\n825 steps each. The held-out loss is `pretrain.py`'s own estimate" in training
+    assert rows_of(training)[1:] == [["learned positions", "825", f"{825 * 4096 / 600.5:,.0f}", "2.3750"],
+                                     ["rotary embeddings", "825", f"{825 * 4096 / 600.5:,.0f}", "2.2500"]]
+    assert callable(figures["episode-loss.png"]) and callable(figures["episode-context-loss.png"])
+    evaluated = tables["episode-evaluate"]
+    assert evaluated.startswith("From `results/amd-epyc/episode/evaluate.json` (made by `python scripts/evaluate.py "
+                                "checkpoints/* --dtype auto --json results/amd-epyc/episode/evaluate.json`)")
+    assert [r[0] for r in rows_of(evaluated)[1:]] == ["`pretrain`", "`pretrain-rope`", "`pretrain-rope-2`"]
+    assert evaluated.endswith("\nIt took 2.5 minutes for all 3 models.\n")
+    context = tables["episode-context"]
+    assert context.startswith("From `results/amd-epyc/episode/context.json` (made by `python scripts/context.py "
+                              "checkpoints/* --device cpu --json results/amd-epyc/episode/context.json`)")
+    assert rows_of(context)[3] == ["`pretrain-rope`", "sliding cache", "2.2625", "2.00"]
+    assert ("The sliding cache writes a token 6.0× faster than the rope model's sliding window, 4.0× faster than "
+            "the learned model's, at a loss +0.0125 from the window's.\n\nIts notes:\n\n"
+            "- pretrain: learned positions stop at 32\n\nIt took 10.0 minutes in all.\n") in context
+    (results / "amd-epyc" / "episode" / "context.json").unlink()  # without it: placeholders, the rest still made
+    tables, figures = report.build(results)
+    assert "Not measured yet" in tables["episode-intro"] and "Not measured yet" in tables["episode-context"]
+    assert figures["episode-context-loss.png"] is None and callable(figures["episode-loss.png"])
 
 
 def test_ten_minutes_table_from_the_commands_as_typed(results):
@@ -456,7 +527,9 @@ def test_figures_are_pngs_and_a_missing_input_a_placeholder(results, tmp_path):
     (results / "pretrain.json").unlink()
     docs = tmp_path / "docs"
     assert report.main(["--results-dir", str(results), "--docs-dir", str(docs), "--readme", ""]) == 0
-    for name in ("training-loss", "context-loss", "sweep", "bench", "rope-rotation"):
+    one_run_set(results)
+    for name in ("training-loss", "context-loss", "sweep", "bench", "rope-rotation", "episode-loss",
+                 "episode-context-loss"):
         assert (docs / "figures" / f"{name}.png").read_bytes().startswith(PNG), name
     assert "`pretrain.json` is not in `results/`" in (docs / "results" / "training.md").read_text()
 

@@ -4,18 +4,14 @@ what the model's own generate writes."""
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
+import stories
 import torch
 from conftest import tiny_model
 
 from mvgpt.checkpoint import save_checkpoint
 from mvgpt.data import data_tokenizer_hash
 from mvgpt.tokenizer import Tokenizer
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev"))
-import stories  # noqa: E402
 
 
 def test_stories_pass_the_window_and_match_generate(data_dir, tmp_path):

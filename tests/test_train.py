@@ -7,7 +7,6 @@ import torch
 from conftest import tiny_model
 
 from mvgpt.lora import apply_lora, lora_parameters
-from mvgpt.perf.cpu_attention import batched_causal_attention
 from mvgpt.train import Step, configure_optimizer
 
 
@@ -51,12 +50,3 @@ def test_a_step_with_its_own_loss_trains_only_what_requires_grad():
     assert all(not torch.equal(b, p) for b, p in zip(before[1::2], params[1::2], strict=True))  # every B moved
     base = {k.replace(".base.", "."): v for k, v in model.state_dict().items() if not k.endswith((".A", ".B"))}
     assert base.keys() == frozen.keys() and all(torch.equal(base[k], v) for k, v in frozen.items())
-
-
-def test_in_bf16_on_a_cpu_attention_is_batched_in_training_and_the_models_own_when_reading():
-    model = tiny_model(seed=2).train()
-    Step(model, configure_optimizer(model, 1e-3, 0.1, "cpu"), "cpu", torch.bfloat16)
-    assert all(b.attn.attend is batched_causal_attention for b in model.blocks)
-    x, _ = batch()
-    with torch.no_grad():  # reading (an evaluation, a measurement): exactly what a model loaded later computes
-        assert torch.equal(model.eval()(x)[0], tiny_model(seed=2)(x)[0])

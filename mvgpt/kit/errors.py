@@ -74,7 +74,7 @@ def positive_ints(text: str) -> list[int]:
     return [positive_int(part) for part in text.split(",")]
 
 
-def _probe(text: str, folder: Path) -> None:
+def probe(text: str, folder: Path) -> None:
     """Can a file be made in folder, or in its nearest existing parent (where we would make it)?
     A test file says, and is removed at once: nothing is left behind, whatever the answer."""
     while not folder.exists():
@@ -87,25 +87,11 @@ def _probe(text: str, folder: Path) -> None:
         raise argparse.ArgumentTypeError(f"cannot write {text} ({e.strerror}): pick a writable path") from None
 
 
-def writable_file(text: str) -> str:
-    """An output file we will be able to write, checked now rather than after the work; never one of
-    a run's, an export's or the data's own files (a --json over data/meta.json would damage it)."""
-    from mvgpt.kit.runfolder import part_of  # (runfolder imports this module)
-
-    if Path(text).is_dir():
-        raise argparse.ArgumentTypeError(f"{text} is a folder: give a file name")
-    owner = part_of(text)
-    if owner is not None:
-        raise argparse.ArgumentTypeError(f"{text} is part of {owner}: pick another file")
-    _probe(text, Path(text).absolute().parent)
-    return text
-
-
 def writable_folder(text: str) -> str:
     """An output folder (there or to be made) we will be able to write in."""
     if Path(text).exists() and not Path(text).is_dir():
         raise argparse.ArgumentTypeError(f"{text} is a file: give a folder")
-    _probe(text, Path(text).absolute())
+    probe(text, Path(text).absolute())
     return text
 
 

@@ -17,10 +17,11 @@ whose number the system has since given to another process, is recognised and ta
 
 from __future__ import annotations
 
+import argparse
 import os
 from pathlib import Path
 
-from mvgpt.kit.errors import UserError
+from mvgpt.kit.errors import UserError, probe
 from mvgpt.kit.io import pid_alive
 
 # ----------------------------------------------------------------------------------------------
@@ -90,6 +91,18 @@ def part_of(path: str | os.PathLike) -> str | None:
         return None
     kind, desc = found
     return f"{desc} in {path.parent}" if path.name in own_files(kind) else None
+
+
+def writable_file(text: str) -> str:
+    """An output file we will be able to write, checked now rather than after the work; never one of
+    a run's, an export's or the data's own files (a --json over data/meta.json would damage it)."""
+    if Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a folder: give a file name")
+    owner = part_of(text)
+    if owner is not None:
+        raise argparse.ArgumentTypeError(f"{text} is part of {owner}: pick another file")
+    probe(text, Path(text).absolute().parent)
+    return text
 
 
 def _same(a: str | os.PathLike, b: str | os.PathLike) -> bool:

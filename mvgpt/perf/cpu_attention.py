@@ -102,3 +102,11 @@ def use_batched_attention(model: nn.Module) -> None:
     for module in model.modules():
         if isinstance(module, CausalSelfAttention):
             module.attend = batched_causal_attention
+
+
+def batch_attention_where_it_pays(model: nn.Module, device: torch.device | str, dtype: torch.dtype) -> bool:
+    """What every trainer does before its first step: the batched products where they pay (returns whether)."""
+    pays = batched_attention_pays(device, dtype)
+    if pays:
+        use_batched_attention(model)
+    return pays

@@ -31,6 +31,7 @@ import torch
 
 from mvgpt.device import autocast, sync
 from mvgpt.model import GPT, GPTConfig, KVCache
+from mvgpt.perf.cpu_attention import batch_attention_where_it_pays
 from mvgpt.perf.flops import forward_flops, training_flops_per_token
 from mvgpt.perf.measure import OtherLoad, tune_malloc
 from mvgpt.train import Step, configure_optimizer
@@ -122,6 +123,7 @@ def measure(learned: GPTConfig, rope: GPTConfig, device: torch.device, dtype: to
 
     def step_fn(model: GPT, forward: Callable, step_dtype: torch.dtype) -> Callable[[], None]:
         """The step pretrain.py takes (mvgpt.train.Step), its loss read as the loop reads it."""
+        batch_attention_where_it_pays(model, device, step_dtype)  # as pretrain.py trains
         step = Step(model, configure_optimizer(model, lr=1e-4, weight_decay=0.1, device=device), device, step_dtype,
                     forward=forward)
         return lambda: step(x, y)[0].item()
