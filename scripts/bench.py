@@ -542,6 +542,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--block-size", type=positive_int, default=256)
     p.add_argument("--vocab-size", type=positive_int, default=8192)
     args = p.parse_args(argv)
+    unknown = [word for word in args.only if not any(word in part for part in SKIPPABLE)]
+    if unknown:  # a word no part's name holds would measure nothing, and say nothing of it
+        p.error(f"--only {unknown[0]!r} names no part: use words of " + ", ".join(SKIPPABLE))
     if args.n_embd % args.n_head or (args.n_embd // args.n_head) % 2:
         p.error(f"--n-embd {args.n_embd} must be --n-head {args.n_head} times an even head size (rope pairs channels)")
 

@@ -119,7 +119,7 @@ def score(name: str, method: str, fn: Callable, model: GPT, streams: list[torch.
 
 def table(title: str, rows: list[dict], notes: list[str]) -> str:
     """The table as printed: a title, a row per model and method, the notes."""
-    width = max(28, *(len(row["model"]) for row in rows))
+    width = max([28, *(len(row["model"]) for row in rows)])
     lines = [title, f"{'model':<{width}} {'method':<22} {'loss':>8} {'ms/token':>9}"]
     lines += [f"{row['model']:<{width}} {row['method']:<22} {row['loss']:>8.4f} {row['ms_per_token']:>9.2f}"
               for row in rows]

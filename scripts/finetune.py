@@ -82,6 +82,7 @@ from mvgpt.lora import (
 )
 from mvgpt.model import GPT
 from mvgpt.perf.cpu_attention import batch_attention_where_it_pays
+from mvgpt.perf.threads import cpu_threads, describe
 from mvgpt.tokenizer import Tokenizer
 from mvgpt.train import LossWatch, Step, StopSignals, all_finite, diverged, lr_at
 
@@ -112,6 +113,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--device", help="cpu, cuda, mps (default: the best present)")
     p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
                    help="the adapters' products in bfloat16 (weights stay float32) or float32; auto: bf16 where native")
+    p.add_argument("--threads", type=positive_int,
+                   help="CPU threads, fixed (default: the cores other programs leave free, looked at as it trains)")
     p.add_argument("--resume", action="store_true",
                    help="continue the run folder's adapter (its rank, alpha and base; other flags may change)")
     p.add_argument("--overwrite", action="store_true",
@@ -295,9 +298,12 @@ def train(model: GPT, args: argparse.Namespace, device, tok_hash: str | None, ou
     dtype = resolve_dtype(args.dtype, device)
     args.dtype = dtype_name(dtype)  # the dtype used, in the adapter's args and the summary
     trainable, total = trainable_share(model)
+    threads = cpu_threads(args.threads, device)  # the cores other programs leave free (mvgpt/perf/threads.py)
+    on = f"{device}, {threads.start() if threads else describe(torch.get_num_threads())}" \
+        if device.type == "cpu" else str(device)
     print(f"{out_dir.name}: LoRA rank {args.rank}, alpha {args.alpha:g} on {len(params) // 2} linear layers: "
           f"{trainable:,} trainable weights of {total:,} ({trainable / total:.2%}), base {args.init_from} frozen, "
-          f"on {device} in {args.dtype}")
+          f"on {on} in {args.dtype}")
 
     out_dir.mkdir(parents=True, exist_ok=True)
     # the one training step (mvgpt/train.py): the adapters train, in the run's precision (bf16 products where
@@ -341,6 +347,8 @@ def train(model: GPT, args: argparse.Namespace, device, tok_hash: str | None, ou
                 step += 1
                 elapsed += time.perf_counter() - t0
                 losses.append(loss_value)
+                if threads and (line := threads.check()):  # a core taken, or given back: the threads follow
+                    log.say(f"step {step}: {line}")
                 record = {"step": step, "loss": loss_value, "lr": lr, "elapsed": elapsed}
                 if step % args.eval_every == 0 or step == args.max_steps:
                     t1 = time.perf_counter()

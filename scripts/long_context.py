@@ -35,7 +35,7 @@ from tqdm import tqdm
 from mvgpt.extension.long_context import SinkCache, set_context
 from mvgpt.extension.memory import kv_bytes_per_token, peak_forward_bytes
 from mvgpt.extension.rope_scaling import SCALING_METHODS
-from mvgpt.kit.errors import at_least, positive_float, run_main
+from mvgpt.kit.errors import UserError, at_least, positive_float, run_main
 from mvgpt.model import GPT
 from mvgpt.perf.fast_decode import add_decode_step_arg, use_decode_step
 
@@ -168,10 +168,28 @@ def dynamic_table(args: argparse.Namespace, models: list[tuple[str, GPT]], strea
     return {"length": args.length, "streams": len(streams), "rows": rows}
 
 
+def check_streams(args: argparse.Namespace, models: list[tuple[str, GPT]]) -> None:
+    """--sinks and --dynamic read streams through a cache that slides or grows: a rope model's, past its
+    window, keeping fewer sinks than the window holds; one line otherwise, before any work."""
+    mode = "--sinks" if args.sinks is not None else "--dynamic"
+    windows = [m.config.block_size for _, m in models if m.config.rope]
+    if not windows:
+        names = ", ".join(name for name, _ in models)
+        raise UserError(f"{mode} reads through a cache that slides past the window, and {names} "
+                        f"{'has' if len(models) == 1 else 'have'} learned positions: give a rope model")
+    if args.sinks is not None and args.sinks >= min(windows):
+        raise UserError(f"--sinks {args.sinks} would keep the whole window of {min(windows)} tokens: give at most "
+                        f"{min(windows) - 1}")
+    if args.length is not None and args.length <= max(windows):
+        raise UserError(f"--length {args.length} does not reach past the window of {max(windows)} tokens: make it "
+                        f"longer (default: {4 if args.sinks is not None else 3} windows)")
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = parser(__doc__)
     mode = p.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--ctx", type=at_least(1), nargs="+", help="sweep these contexts (llama.cpp's perplexity)")
+    mode.add_argument("--ctx", type=at_least(2), nargs="+",
+                      help="sweep these contexts (llama.cpp's perplexity; a chunk's second half is scored: 2 at least)")
     mode.add_argument("--sinks", type=at_least(0), help="measure a sliding cache that keeps the first SINKS tokens")
     mode.add_argument("--dynamic", action="store_true", help="measure dynamic NTK's cache against recomputing")
     p.add_argument("--rope-scaling", nargs="+", default=["none"], choices=SCALING_METHODS, help="methods for the sweep")
@@ -187,6 +205,7 @@ def main(argv: list[str] | None = None) -> dict:
     device, models, val = load(args)
     if args.ctx:
         return finish(args, device, sweep(args, models, val))
+    check_streams(args, models)
     args.length = args.length or (4 if args.sinks is not None else 3) * min(m.config.block_size for _, m in models)
     streams = held_out_streams(args, val, device)
     for name, model in models:

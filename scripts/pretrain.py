@@ -82,6 +82,7 @@ from mvgpt.kit.runlog import RunLog, read_log
 from mvgpt.model import GPT, GPTConfig
 from mvgpt.perf.cpu_attention import batch_attention_where_it_pays
 from mvgpt.perf.measure import compile_pays, tune_malloc
+from mvgpt.perf.threads import cpu_threads, describe
 from mvgpt.train import (
     WARMUP_SHARE,
     WARMUP_STEPS,
@@ -147,6 +148,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--ckpt-every", type=positive_int, default=25)
     # where and how it runs
     p.add_argument("--device", help="cpu, cuda, mps (default: the best present)")
+    p.add_argument("--threads", type=positive_int,
+                   help="CPU threads, fixed (default: the cores other programs leave free, looked at as it trains: "
+                        "mvgpt/perf/threads.py)")
     p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
                    help="matrix products in bfloat16 (weights stay float32) or float32; auto: bf16 where native")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction,
@@ -419,6 +423,9 @@ def train(run: dict, args: argparse.Namespace) -> dict:
         if problem:
             raise diverged(problem, out_dir, saved_at)
         step += 1
+        # a core taken by another program (or given back): the threads follow (mvgpt/perf/threads.py)
+        if run["threads"] and (line := run["threads"].check()):
+            log.say(f"step {step}: {line}")
         dt = clock() - t0
         elapsed += dt
         speeds.append(tokens_per_step / dt)
@@ -506,8 +513,12 @@ def main(argv: list[str] | None = None) -> dict:
         if world > 1:
             train_model = DistributedDataParallel(train_model, device_ids=[device.index] if device.type == "cuda"
                                                   else None)
+        # a CPU's threads: the cores other programs leave free now, looked at again as it trains
+        threads = cpu_threads(args.threads, device, world)
+        on = f"{device}, {threads.start() if threads else describe(torch.get_num_threads())}" \
+            if device.type == "cpu" else str(device)
         if master:
-            print(f"{name}: {model.num_params():,} parameters, {model.config}, on {device} in {args.dtype}, "
+            print(f"{name}: {model.num_params():,} parameters, {model.config}, on {on} in {args.dtype}, "
                   f"{'compiled' if args.compile else 'eager'}, {world} process(es)")
             if args.compile:  # the bar stands still meanwhile: say why
                 print("the first step compiles the model: a while when inductor's cache is empty, seconds "
@@ -517,9 +528,9 @@ def main(argv: list[str] | None = None) -> dict:
         batch_attention_where_it_pays(model, device, dtype)
         step_fn = Step(model, optimizer, device, dtype, grad_clip=args.grad_clip, forward=train_model)
         log = RunLog(out_dir, args.runs_dir, step, args.max_steps, master=master)
-        run = dict(model=model, step_fn=step_fn, optimizer=optimizer, device=device, dtype=dtype, log=log,
-                   stop=stop, out_dir=out_dir, step=step, elapsed=elapsed, world=world, rank=rank, master=master,
-                   train_data=train_data, val_data=val_data, tok_hash=tok_hash, machine=machine(device),
+        run = dict(model=model, step_fn=step_fn, optimizer=optimizer, threads=threads, device=device, dtype=dtype,
+                   log=log, stop=stop, out_dir=out_dir, step=step, elapsed=elapsed, world=world, rank=rank,
+                   master=master, train_data=train_data, val_data=val_data, tok_hash=tok_hash, machine=machine(device),
                    command=command, name=name, records=records, losses=(state or {}).get("losses", []))
         try:
             summary = train(run, args)

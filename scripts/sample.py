@@ -41,6 +41,7 @@ from mvgpt.kit.errors import (
 from mvgpt.lora import load_adapter
 from mvgpt.model import GPT
 from mvgpt.perf.fast_decode import add_decode_step_arg, use_decode_step
+from mvgpt.perf.threads import cpu_threads
 from mvgpt.tokenizer import Tokenizer
 
 
@@ -71,6 +72,8 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--no-cache", action="store_true", help="re-read the last window for every token")
     p.add_argument("--data-dir", type=prepared_data, default=str(DATA_DIR), help="where the tokenizer is")
     p.add_argument("--device", help="cpu, cuda, mps (default: the best present)")
+    p.add_argument("--threads", type=positive_int,
+                   help="CPU threads, fixed (default: the cores other programs leave free, looked at as it writes)")
     p.add_argument("--adapter", help="a LoRA run folder or adapter file for this checkpoint, applied unmerged")
     p.add_argument("--dtype", default="float32", choices=DTYPE_CHOICES,
                    help="the weights' dtype while sampling (bfloat16: half the bytes a decoding step reads)")
@@ -90,6 +93,12 @@ def main(argv: list[str] | None = None) -> str:
         step = "decoding with model.py's forward over the last window for each token (--no-cache)"
     else:
         step = use_decode_step(model, args.decode_step, args.max_new_tokens)
+        threads = cpu_threads(args.threads, device)  # on the cores other programs leave free, looked at as it writes
+        if threads:
+            threads.every_s = 2.0
+            started = threads.start()
+            step += f", on {started}" if threads.threads < threads.cores else ""  # said where a core is taken
+            model.decode = threads.around(model.decode, lambda line: print(f"\nnote: {line}", file=sys.stderr))
     for line in (step, *said):  # stderr: stdout is the story alone
         print(line, file=sys.stderr, flush=True)
     print(args.prompt, end="", flush=True)

@@ -138,6 +138,13 @@ CASES: list[Case] = [
     Case("long_context", "checkpoints/pretrain-rope", "one of the arguments --ctx --sinks --dynamic is required"),
     Case("long_context", "checkpoints/pretrain-rope --ctx 32 --sinks 4", "not allowed with argument"),
     Case("long_context", "checkpoints/pretrain-rope --streams 0 --dynamic", "--streams: 0 is out of range"),
+    Case("long_context", "checkpoints/pretrain-rope --ctx 1", "--ctx: 1 is out of range: give a whole number >= 2",
+         "a chunk with no second half to score"),
+    Case("long_context", "checkpoints/pretrain-rope --sinks 16", "--sinks 16 would keep the whole window of 16 tokens",
+         "more sinks than the window"),
+    Case("long_context", "checkpoints/pretrain --sinks 4", "pretrain has learned positions: give a rope model"),
+    Case("long_context", "checkpoints/pretrain-rope --dynamic --length 10",
+         "--length 10 does not reach past the window of 16 tokens"),
     # export and export_check
     Case("export", "checkpoints/pretrain exports/mine", "exports/mine is not empty", "the user's own README.md"),
     Case("export", "checkpoints/pretrain notes.txt --format gguf", "notes.txt is there already"),
@@ -174,6 +181,7 @@ CASES: list[Case] = [
     Case("bench", "--batch-size 0", "--batch-size: 0 is out of range"),
     Case("bench", "--batches 1,0", "--batches: 0 is out of range"),
     Case("bench", "--threads 0", "--threads: 0 is out of range"),
+    Case("bench", "--only decodng", "--only 'decodng' names no part", "a misspelled part"),
     Case("bench", "--n-embd 30 --n-head 4", "--n-embd 30 must be --n-head 4 times an even head size"),
     Case("bench", "--json notes.txt/b.json", "notes.txt is a file, not a folder"),
     # main
@@ -283,7 +291,7 @@ def drive(world: Path, results: Path) -> None:
 def run_all(folder: Path) -> list[dict]:
     world = make_world(folder / "world")
     results = folder / "results.json"
-    code = (f"import sys; sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / 'tests')!r}]\n"
+    code = (f"import sys; sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / 'tests')!r}, {str(SCRIPTS)!r}]\n"
             f"from pathlib import Path; from test_cli_errors import drive\n"
             f"drive(Path({str(world)!r}), Path({str(results)!r}))")
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")

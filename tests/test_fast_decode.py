@@ -397,7 +397,7 @@ def test_sample_writes_the_same_story_with_each_decode_step(data_dir, tmp_path, 
     checkpoint = tmp_path / "r"
     save_checkpoint(checkpoint, tiny_model(vocab_size=300, rope=True), tokenizer_hash=data_tokenizer_hash(data_dir))
     argv = [str(checkpoint), "--prompt", "Lily saw", "--max-new-tokens", "40", "--temperature", temperature,
-            "--data-dir", str(data_dir), "--device", "cpu"]
+            "--data-dir", str(data_dir), "--device", "cpu", "--threads", "2"]  # threads given: not looked at
     pays, never = (10.0, 1.0, 0.0), (1.0, 1.0, 0.0)  # saves 9 ms a token, built at once; saves nothing
     cases = [([], pays, C_STEP_LINE),
              ([], never, "decoding with model.py's step: building the C step would not pay for 40 tokens "
@@ -428,7 +428,7 @@ def test_sample_with_a_compiler_that_fails_writes_with_the_models_step(data_dir,
     checkpoint = tmp_path / "r"
     save_checkpoint(checkpoint, tiny_model(vocab_size=300, rope=True), tokenizer_hash=data_tokenizer_hash(data_dir))
     argv = [str(checkpoint), "--prompt", "Lily saw", "--max-new-tokens", "40", "--temperature", "0",
-            "--data-dir", str(data_dir), "--device", "cpu"]
+            "--data-dir", str(data_dir), "--device", "cpu", "--threads", "2"]
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         eager = sample.main([*argv, "--decode-step", "model"])
     monkeypatch.setenv("CC", str(fake_compiler(tmp_path, CC_FAILURES["fails"][0])))

@@ -131,7 +131,7 @@ def test_sample_reads_a_lora_run_folder_on_its_base(tmp_path, data_dir):
 
     def sample(args: str) -> subprocess.CompletedProcess:
         return subprocess.run(["bash", "-c", f"python {ROOT}/scripts/sample.py {args} --max-new-tokens 40 "
-                               "--temperature 0 --device cpu"], cwd=tmp_path, env=env, capture_output=True,
+                               "--temperature 0 --device cpu --threads 1"], cwd=tmp_path, env=env, capture_output=True,
                               text=True, timeout=300)
 
     folder, named, base = (sample("checkpoints/lora-rope"), sample("checkpoints/pretrain-rope --adapter "

@@ -229,15 +229,25 @@ def kernel_names() -> Iterator[None]:
 
 
 def cpu_ticks() -> tuple[int, int] | None:
-    """(ticks the whole machine's cores were busy, ticks this process used), from /proc; None where
-    the OS does not say. Steal time (a hypervisor serving other guests) counts as busy: it is taken."""
+    """(ticks the machine's cores were busy, ticks this process used), from /proc; None where the OS does
+    not say. Steal time (a hypervisor serving other guests) counts as busy: it is taken. Programs at a
+    lower priority than ours (a higher nice) count as idle: they give their core up to ours at once."""
     try:
         fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
         mine = Path("/proc/self/stat").read_text().rpartition(")")[2].split()
     except (OSError, ValueError, IndexError):
         return None
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle and iowait
-    return sum(fields[:8]) - idle, int(mine[11]) + int(mine[12])  # utime, stime: fields 14 and 15
+    user, nice, system, idle, iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
+    ours_niced = os.nice(0) > 0  # then our own ticks are in the nice column, and it must count
+    return user + system + irq + softirq + steal + (nice if ours_niced else 0), int(mine[11]) + int(mine[12])
+
+
+def cores_taken(before: tuple[int, int] | None, after: tuple[int, int] | None, seconds: float) -> float | None:
+    """The cores other programs kept busy between two cpu_ticks() readings `seconds` apart (None: unknown)."""
+    if before is None or after is None or seconds <= 0:
+        return None
+    hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    return max(0.0, ((after[0] - before[0]) - (after[1] - before[1])) / hz / seconds)
 
 
 class OtherLoad:
@@ -254,9 +264,5 @@ class OtherLoad:
         return self
 
     def __exit__(self, *exc) -> None:
-        (t0, before), now, after = self.start, self.clock(), self.ticks()
-        if before is None or after is None or now <= t0:
-            return
-        hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-        busy, mine = after[0] - before[0], after[1] - before[1]
-        self.cores = max(0.0, (busy - mine) / hz / (now - t0))
+        (t0, before), now = self.start, self.clock()
+        self.cores = cores_taken(before, self.ticks(), now - t0)
