@@ -44,7 +44,7 @@ from mvgpt.kit.io import write_json
 from mvgpt.kit.runfolder import writable_file
 from mvgpt.model import GPT, GPTConfig
 from mvgpt.perf.cpu_attention import batch_attention_where_it_pays
-from mvgpt.train import Step, configure_optimizer, lr_at
+from mvgpt.train import WARMUP_SHARE, Step, adamw, block_matrices, configure_optimizer, lr_at
 
 EVAL_SEED = 1234  # pretrain.py's: the held-out batches on the way are the same for every run
 
@@ -63,7 +63,7 @@ class Recipe:
     weight_decay: float = 0.1
     schedule: str = "cosine"  # cosine: warm-up then a half cosine to min_ratio; wsd: warm-up, flat, linear down
     warmup: int = 200  # steps, bounded by warmup_share of the budget on the clock
-    warmup_share: float = 0.2
+    warmup_share: float = WARMUP_SHARE
     min_ratio: float = 0.1
     cooldown: float = 0.5  # wsd: the share of the budget the final linear decay takes
     muon: bool = False  # Muon on the blocks' matrices, AdamW on the rest
@@ -73,8 +73,10 @@ class Recipe:
 
 
 RECIPES = {
-    "baseline": Recipe("today's: AdamW 2e-3, betas (0.9, 0.95), wd 0.1, warm-up 200 steps or 1/5 of the clock, "
+    "baseline": Recipe("today's: AdamW 2e-3, betas (0.9, 0.95), wd 0.1, warm-up 200 steps or 1/2 of the clock, "
                        "cosine to 0.1x"),
+    "fifth": Recipe("the warm-up bounded by 1/5 of the clock (the baseline before the races below)",
+                    warmup_share=0.2),
     "wsd": Recipe("warm-up 50 steps or 1/20 of the clock, flat, linear down to 0.01x over the last half",
                   schedule="wsd", warmup=50, warmup_share=0.05, min_ratio=0.01, cooldown=0.5),
     "beta2": Recipe("beta2 0.99 (nanoGPT's for a 4,096-token batch)", betas=(0.9, 0.99)),
@@ -104,7 +106,10 @@ def recipe(name: str) -> Recipe:
     values = {}
     for pair in filter(None, changes.split(",")):
         key, _, value = pair.partition("=")
-        kind = type(getattr(RECIPES["baseline"], key))
+        if not hasattr(RECIPES["baseline"], key):
+            raise SystemExit(f"error: no recipe field {key!r}: pick from {', '.join(asdict(RECIPES['baseline']))}")
+        default = getattr(RECIPES["baseline"], key)
+        kind = float if default is None else type(default)
         values[key] = (value.lower() in ("1", "true", "yes")) if kind is bool else kind(value)
     parts = names.split("+")
     unknown = [p for p in parts if p not in RECIPES]
@@ -143,39 +148,24 @@ class Optimizers:
             o.step()
 
 
-def block_matrices(model: GPT) -> list[torch.nn.Parameter]:
-    """The blocks' weight matrices (qkv, projection, the MLP's two): what Muon orthogonalises."""
-    return [p for name, p in model.named_parameters() if name.startswith("blocks.") and p.dim() == 2]
-
-
 def make_optimizer(model: GPT, r: Recipe, device: torch.device) -> Optimizers:
-    if not r.muon:
-        return Optimizers(configure_optimizer(model, r.lr, r.weight_decay, device, r.betas))
+    """pretrain.py's optimizer for the recipe (mvgpt.train.configure_optimizer); a Muon lr of its own
+    makes the pair here, each group keeping its share of the lr."""
+    if not r.muon or r.muon_lr is None:
+        return Optimizers(configure_optimizer(model, r.lr, r.weight_decay, device, r.betas, muon=r.muon))
     matrices = block_matrices(model)
     ids = {id(p) for p in matrices}
-    rest = [p for p in model.parameters() if id(p) not in ids]
-    muon = torch.optim.Muon(matrices, lr=r.muon_lr or r.lr, weight_decay=r.weight_decay,
-                            adjust_lr_fn="match_rms_adamw")
-    decay, no_decay = [p for p in rest if p.dim() >= 2], [p for p in rest if p.dim() < 2]
-    adamw = torch.optim.AdamW([{"params": decay, "weight_decay": r.weight_decay},
-                               {"params": no_decay, "weight_decay": 0.0}], lr=r.lr, betas=r.betas,
-                              fused=device.type in ("cpu", "cuda"))
-    return Optimizers(adamw, muon)
+    muon = torch.optim.Muon(matrices, lr=r.muon_lr, weight_decay=r.weight_decay, adjust_lr_fn="match_rms_adamw")
+    return Optimizers(adamw([p for p in model.parameters() if id(p) not in ids], r.lr, r.weight_decay, r.betas,
+                            device), muon)
 
 
 def lr_of(r: Recipe, step: int, clock: float, budget: float, pace: float | None, steps: int | None) -> float:
     """The lr of `step`: on the clock (`clock` seconds of `budget`, `pace` seconds a step so far) or over
-    `steps`. cosine is pretrain.py's own schedule (mvgpt.train.lr_at); wsd warms up as it does (in
-    steps, at most warmup_share of the budget), holds, then falls linearly over the last `cooldown`."""
-    if r.schedule == "cosine":
-        return lr_at(step, r.lr, r.warmup, r.min_ratio, steps, clock, budget or None, pace, r.warmup_share)
-    warmup, progress = r.warmup, step / steps if steps else clock / budget
-    if not steps and pace:
-        warmup = min(warmup, max(1.0, r.warmup_share * budget / pace))
-    if step < warmup:
-        return r.lr * (step + 1) / warmup
-    down = 1 - r.cooldown
-    return r.lr * (1 - (1 - r.min_ratio) * min(1.0, max(0.0, progress - down) / r.cooldown))
+    `steps`, by pretrain.py's own schedules (mvgpt.train.lr_at): cosine, or wsd (warm-up, flat, then
+    straight down over the last `cooldown` of the run)."""
+    return lr_at(step, r.lr, r.warmup, r.min_ratio, steps, clock, budget or None, pace, r.warmup_share,
+                 schedule=r.schedule, cooldown=r.cooldown)
 
 
 def build(r: Recipe, config: GPTConfig, seed: int, device: torch.device, dtype: torch.dtype,

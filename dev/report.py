@@ -21,10 +21,11 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from workshop import script
+
 from mvgpt.model import GPT, GPTConfig
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))  # the scripts' own table printers (evaluate.table, context.table)
 README_START, README_END = "<!-- report.py: {} -->", "<!-- report.py: end -->"  # a named block of the README
 PLACEHOLDER = ('!!! note "Not measured yet"\n'
                "    `{missing}` is not in `results/`: run the main job, then `python dev/report.py`.\n")
@@ -764,6 +765,46 @@ def lora(r: dict) -> dict:
     return out
 
 
+# dev/recipes.py: the races, each a table
+RECIPES = ("amd-epyc/recipes/slow-2min.json", "amd-epyc/recipes/warmup-4min.json", "amd-epyc/recipes/muon-wd.json",
+           "amd-epyc/recipes/screen-1337.json")
+
+
+def recipes(r: dict) -> dict:
+    """dev/recipes.py: each recipe's held-out loss against the first's, at equal time and at equal tokens,
+    one table per screen (its budget, seeds and machine in its head)."""
+    parts = []
+    for name in RECIPES:
+        if name not in r:
+            continue
+        d = r[name]
+        budget = f"{d['minutes']:g} minutes each on its own clock" if d["minutes"] else f"{d['steps']:,} steps each"
+        rows = []
+        for recipe in d["recipes"]:
+            runs = [d["runs"][str(s)][recipe] for s in d["seeds"]]
+            vs = d["against_reference"].get(recipe)
+            mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+            what = runs[0]["recipe"].get("what", "").replace("today's: ", "the default when raced: ")
+            rows.append([f"`{recipe}`", what, f"{mean([x['steps'] for x in runs]):,.0f}",
+                         f"{1e3 * mean([x['step_s'] for x in runs]):,.0f}",
+                         " / ".join(f"{x['val_loss']:.4f}" for x in runs),
+                         "–" if vs is None else " / ".join(f"{v:+.4f}" for v in vs["equal_time"]),
+                         "–" if vs is None or not vs["equal_tokens"] else " / ".join(
+                             f"{v:+.4f}" for v in vs["equal_tokens"])])
+        spread = {k: v for k, v in d["seed_spread"].items() if v is not None}
+        note = ("Seed spread (the largest minus the smallest held-out loss over seeds): "
+                + ", ".join(f"`{k}` {v:.4f}" for k, v in spread.items()) + ".\n") if spread else \
+            "One seed: no spread measured in this screen.\n"
+        parts.append(head((name, d)) + f"{budget}, seeds {', '.join(map(str, d['seeds']))}, against "
+                     f"`{d['reference']}`. Held-out loss on the whole held-out set at the end; the differences at "
+                     "equal tokens are at the most tokens every seed of both evaluated on the way (8 batches).\n\n"
+                     + table(["recipe", "what it changes", "steps", "ms a step", "held-out", "against the first, "
+                              "equal time", "equal tokens"], rows, "llrrrrr") + "\n" + note)
+    if not parts:
+        return {"recipes": PLACEHOLDER.format(missing=" or ".join(RECIPES))}
+    return {"recipes": "\n".join(parts)}
+
+
 def llama_cpp(r: dict) -> dict:
     """export_check.py --gguf: llama.cpp's greedy story, tokenizer and perplexity beside ours on the same chunks."""
     d = r["llama_cpp.json"]
@@ -1038,14 +1079,14 @@ def pretrain_printed(d: dict, out_dir: str | None = None) -> str:
 
 def evaluate_printed(d: dict, models: list[str] | None = None) -> str:
     """evaluate.py's table, as it prints it (the rows of `models`, all by default)."""
-    import evaluate  # scripts/: the table is made by the function that prints it
+    evaluate = script("evaluate")  # scripts/evaluate.py: the table is made by the function that prints it
 
     return evaluate.table([x for x in d["rows"] if models is None or x["model"] in models])
 
 
 def context_printed(d: dict, models: tuple[str, ...] | None = None) -> str:
     """context.py's table, as it prints it; with `models`, their rows and notes alone, and a line saying so."""
-    import context
+    context = script("context")
 
     rows, notes = d["rows"], d.get("notes", [])
     if models:
@@ -1285,6 +1326,7 @@ OUTPUTS: list[tuple[tuple[str, ...], tuple[str, ...], Callable[[dict], dict], tu
     (("lora.json",), (), lora, ("lora",)),
     (("stories.json",), (), stories, ("stories",)),
     (("llama_cpp.json",), (), llama_cpp, ("llama-cpp", "llama-cpp-perplexity")),
+    ((), RECIPES, recipes, ("recipes",)),
     (("bench.json",), (), bench, ("bench", "bench-profiles", "bench-parts", "bench.png")),
     (("bench.json",), OTHER_BENCHES, bench_machines, ("bench-machines",)),
     ((), DECODE, decode, ("decode",)),

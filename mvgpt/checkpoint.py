@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 
 from mvgpt.data import tokenizer_vocab
+from mvgpt.device import memory_bytes
 from mvgpt.kit.io import CheckpointError, first_non_finite, load_state, write_state
 from mvgpt.lora import adapter_path, check_base, load_adapter, read_adapter, weights_hash
 from mvgpt.model import GPT, GPTConfig
@@ -125,14 +126,6 @@ def config_from_dict(saved: dict) -> GPTConfig:
         raise CheckpointError(f"the checkpoint's config is inconsistent ({e}): use another checkpoint") from None
 
 
-def memory_bytes() -> int | None:
-    """This machine's memory, or None where the OS does not say."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):
-        return None
-
-
 def check_fits(config: GPTConfig, weights: dict, file: Path) -> None:
     """Before allocating: a model this size (weights, a KV cache of two windows) fits in memory,
     and the weights hold at least a tensor per block (a block count no file backs is crafted)."""
@@ -161,7 +154,7 @@ def load_model(
     saved = state.get("tokenizer_hash")
     if tokenizer_hash is not None and saved is not None and saved != tokenizer_hash:
         raise CheckpointError(
-            f"checkpoint {checkpoint_path(path)} was trained with tokenizer {saved}, but data/ has "
+            f"checkpoint {checkpoint_path(path)} was trained with tokenizer {saved}, but the data read has "
             f"{tokenizer_hash}: prepare the data it was trained on, or pass --data-dir"
         )
     config = config_from_dict(state["config"])
@@ -231,13 +224,19 @@ def find_base(adapter_file: Path, tokenizer_hash: str | None) -> Path:
     """The checkpoint an adapter was trained on (same config, tokenizer and weights), or a one-line error."""
     state = read_adapter(adapter_file)
     recorded = state.get("base")
+    other_data = None  # a base that is there, trained on other data than --data-dir's: that is what to fix
     for candidate in base_candidates(adapter_file, recorded):
         try:
-            model, _ = load_model(candidate, "cpu", tokenizer_hash)
-            check_base(state, model, adapter_file, tokenizer_hash, weights_hash(model))
-        except CheckpointError:
+            model, _ = load_model(candidate, "cpu", None)
+            check_base(state, model, adapter_file, None, weights_hash(model))
+            load_model(candidate, "cpu", tokenizer_hash)  # the base it is: now, is the data the base's?
+        except CheckpointError as e:
+            if other_data is None and "tokenizer" in str(e) and "trained with" in str(e):
+                other_data = e
             continue
         return checkpoint_path(candidate)
+    if other_data is not None:
+        raise other_data
     where = f"at {recorded} or beside its folder" if recorded else "beside its folder"
     raise CheckpointError(f"adapter {adapter_file}: no checkpoint {where} holds the base it was trained on: "
                           "fine-tune it again on the base you have")

@@ -17,7 +17,9 @@ import argparse
 import hashlib
 import json
 import os
+import shlex
 import shutil
+import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -158,6 +160,14 @@ def fetch_tinystories(raw_dir: Path, max_train_mb: float = DEFAULT_MAX_TRAIN_MB,
     return raw_dir
 
 
+def source_arg(text: str) -> str:
+    """--source, never empty: an empty one (an unset variable) would download instead, without a word."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty: give a TinyStories file or folder, or leave the flag out to "
+                                         "download it")
+    return text
+
+
 def resolve_source(source: str | None, data_dir: Path, max_train_mb: float = DEFAULT_MAX_TRAIN_MB) -> Path:
     """--source, else $MVGPT_TINYSTORIES, else a download into data_dir/raw."""
     source = source or os.environ.get(SOURCE_ENV)
@@ -185,13 +195,16 @@ def read_meta(data_dir: Path) -> dict | None:
     """The meta JSON of a complete preparation, or None (missing, corrupt or bins not matching)."""
     try:
         meta = json.loads((data_dir / "meta.json").read_text())
+        vocab = meta.get("vocab_size") if isinstance(meta, dict) else None
+        if not isinstance(vocab, int) or isinstance(vocab, bool) or not MIN_VOCAB <= vocab <= MAX_VOCAB:
+            return None  # not ours, or damaged: nothing read from it can be trusted
         for split in ("train", "val"):
             if (data_dir / f"{split}.bin").stat().st_size != 2 * meta[f"{split}_tokens"]:
                 return None
         if file_hash(data_dir / "tokenizer.json") != meta["tokenizer_hash"]:
             return None
         return meta
-    except (OSError, ValueError, KeyError):
+    except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
@@ -312,10 +325,7 @@ def load_tokens(data_dir: str | os.PathLike = DATA_DIR, split: str = "train") ->
     data_dir = Path(data_dir)
     meta = read_meta(data_dir)
     if meta is None:
-        raise DataError(
-            f"no complete prepared data in {data_dir}: run `python scripts/prepare.py "
-            "--source PATH` (or set MVGPT_TINYSTORIES)"
-        )
+        raise DataError(no_data(data_dir))
     path = data_dir / f"{split}.bin"
     tokens = np.memmap(path, dtype=np.uint16, mode="r")
     vocab = meta["vocab_size"]
@@ -327,11 +337,21 @@ def load_tokens(data_dir: str | os.PathLike = DATA_DIR, split: str = "train") ->
     return tokens
 
 
+def no_data(data_dir: str | os.PathLike) -> str:
+    """Why there is no prepared data to read, and the fix. Typed from inside scripts/ (the video types
+    `python pretrain.py`), data/ is looked for there: the fix is to run from the repository's root."""
+    here = Path.cwd()
+    if Path(data_dir) == DATA_DIR and here.name == "scripts" and read_meta(here.parent / DATA_DIR) is not None:
+        typed = shlex.join(["python", f"scripts/{Path(sys.argv[0]).name}", *sys.argv[1:]])
+        return f"no prepared data in scripts/{data_dir}: run the scripts from the repository's root: `cd .. && {typed}`"
+    return (f"no complete prepared data in {data_dir}: run `python scripts/prepare.py --source PATH --data-dir "
+            f"{data_dir}` (or pass --data-dir)")
+
+
 def prepared_data(text: str) -> str:
     """An argparse type: a folder of complete prepared data."""
     if read_meta(Path(text)) is None:
-        raise argparse.ArgumentTypeError(f"no complete prepared data in {text}: run `python scripts/prepare.py "
-                                         f"--source PATH --data-dir {text}` (or pass --data-dir)")
+        raise argparse.ArgumentTypeError(no_data(text))
     return text
 
 

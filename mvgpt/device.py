@@ -108,6 +108,14 @@ def machine(device: torch.device | str = "cpu") -> str:
     )
 
 
+
+def memory_bytes() -> int | None:
+    """This machine's memory, or None where the OS does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
 # ----------------------------------------------------------------------------------------------
 # The precision of its matrix products
 

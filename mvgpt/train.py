@@ -27,26 +27,86 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from mvgpt.device import autocast
+from mvgpt.device import autocast, memory_bytes
 from mvgpt.kit.errors import UserError
-from mvgpt.model import GPT
+from mvgpt.model import GPT, GPTConfig
 
 # ----------------------------------------------------------------------------------------------
 # The optimizer and the learning rate
 
 
+OPTIMIZERS = ("adamw", "muon")
+DEFAULT_OPTIMIZER = "adamw"
+
+
 def configure_optimizer(
-    model: GPT, lr: float, weight_decay: float, device: torch.device | str, betas: tuple[float, float] = (0.9, 0.95)
-) -> torch.optim.AdamW:
-    """AdamW with weight decay on the matrices (linear layers, embeddings) only.
+    model: GPT, lr: float, weight_decay: float, device: torch.device | str, betas: tuple[float, float] = (0.9, 0.95),
+    muon: bool = False,
+) -> torch.optim.Optimizer | MuonAdamW:
+    """AdamW with weight decay on the matrices (linear layers, embeddings) only; with `muon`, Muon for the
+    blocks' matrices and AdamW for the rest (MuonAdamW).
 
     Biases and norm gains are left alone: decaying them toward 0 only fights the model (nanoGPT's
     and GPT-3's choice). The fused kernel updates every tensor in one pass (CPU and CUDA).
     """
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    if muon:
+        return MuonAdamW(model, lr, weight_decay, betas, device)
+    return adamw(list(model.parameters()), lr, weight_decay, betas, device)
+
+
+def adamw(params: list[torch.nn.Parameter], lr: float, weight_decay: float, betas: tuple[float, float],
+          device: torch.device | str) -> torch.optim.AdamW:
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=torch.device(device).type in ("cpu", "cuda"))
+
+
+def block_matrices(model: GPT) -> list[torch.nn.Parameter]:
+    """The blocks' weight matrices (qkv, projection, the MLP's two): what Muon makes orthogonal."""
+    return [p for name, p in model.named_parameters() if name.startswith("blocks.") and p.dim() == 2]
+
+
+class MuonAdamW:
+    """Muon for the blocks' weight matrices (qkv, projection, the MLP's two: 24 of them), AdamW for the
+    token embedding, the table of positions, biases and norms, stepped as one optimizer.
+
+    Muon keeps a momentum of each matrix's gradient, as SGD does, and updates the matrix by that momentum
+    made orthogonal (its singular values all set to about one, by five Newton-Schulz iterations): every
+    direction of the matrix moves by the same amount, where AdamW's update is led by a few large ones.
+    `adjust_lr_fn="match_rms_adamw"` scales the update to the size AdamW's would have, so both take
+    the same learning rate and weight decay ([Muon](https://kellerjordan.github.io/posts/muon/),
+    torch.optim.Muon). Its state (the momenta, AdamW's moments) is saved and resumed as one dict.
+    """
+
+    def __init__(self, model: GPT, lr: float, weight_decay: float, betas: tuple[float, float],
+                 device: torch.device | str) -> None:
+        matrices = block_matrices(model)
+        held = {id(p) for p in matrices}
+        self.muon = torch.optim.Muon(matrices, lr=lr, weight_decay=weight_decay, adjust_lr_fn="match_rms_adamw")
+        self.adamw = adamw([p for p in model.parameters() if id(p) not in held], lr, weight_decay, betas, device)
+
+    @property
+    def param_groups(self) -> list[dict]:
+        """Both optimizers' groups, looked up each time: loading a state replaces an optimizer's groups."""
+        return self.adamw.param_groups + self.muon.param_groups
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.adamw.zero_grad(set_to_none=set_to_none)
+        self.muon.zero_grad(set_to_none=set_to_none)
+
+    def step(self) -> None:
+        self.adamw.step()
+        self.muon.step()
+
+    def state_dict(self) -> dict:
+        return {"adamw": self.adamw.state_dict(), "muon": self.muon.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if not isinstance(state, dict) or state.keys() != {"adamw", "muon"}:
+            raise ValueError("not a Muon and AdamW state: the run was made with another optimizer")
+        self.adamw.load_state_dict(state["adamw"])
+        self.muon.load_state_dict(state["muon"])
 
 
 def cosine(progress: float, min_ratio: float) -> float:
@@ -55,13 +115,22 @@ def cosine(progress: float, min_ratio: float) -> float:
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-# A run bounded by the clock warms up for at most this share of its budget: the share the step-bounded
-# default gives its warm-up (200 of the main job's 1,000 steps, the schedule the warm-up was tuned on:
-# docs/pretraining.md), so a machine that gets fewer steps runs the same shape of schedule, shrunk. A
-# smaller share (5-10%, common elsewhere) would put the slowest CPU's ten minutes (about 145 steps) at
-# the peak within 7 to 15 steps, where a 20-step warm-up already made the loss climb by two nats
-# (results/warmup.json).
-WARMUP_SHARE = 0.2
+def flat_then_down(progress: float, min_ratio: float, cooldown: float) -> float:
+    """1 until the last `cooldown` share of the way, then straight down to min_ratio at progress 1 (and
+    after): a warm-up, stable, decay ("WSD") schedule's tail."""
+    down = (min(1.0, max(0.0, progress)) - (1 - cooldown)) / cooldown if cooldown > 0 else 0.0
+    return min_ratio + (1 - min_ratio) * (1 - min(1.0, max(0.0, down)))
+
+
+# A run bounded by the clock warms up for its steps, or until this share of its budget is spent where
+# they take longer. Half: with a fifth, a machine that made about 75 steps in its time reached the peak lr
+# by step 16, where the loss climbs (results/warmup.json), and ended 0.9 to 1.4 higher than with half
+# (results/amd-epyc/recipes/slow-2min.json, docs/lab/recipes.md). A run with 400 steps or more warms
+# up over its 200, as the long runs do, so it is the long run's step for step until then.
+WARMUP_SHARE = 0.5
+# Bounded by steps (the main job), a run gives its warm-up a fifth of them, as the 1,000-step runs that
+# tuned it do (docs/lab/schedule.md).
+STEPS_WARMUP_SHARE = 0.2
 WARMUP_STEPS = 200  # pretrain.py's --warmup (why 200: docs/pretraining.md)
 
 
@@ -75,9 +144,12 @@ def lr_at(
     budget: float | None = None,
     step_seconds: float | None = None,
     share: float = WARMUP_SHARE,
+    schedule: str = "cosine",
+    cooldown: float = 0.5,
 ) -> float:
     """The learning rate of step `step` (0-based): linear warm-up over `warmup` steps, then a cosine
-    decay to lr * min_ratio.
+    decay to lr * min_ratio (`schedule` "cosine"), or a flat lr and a straight decay to lr * min_ratio
+    over the last `cooldown` share of the run ("wsd": warm-up, stable, decay).
 
     The decay runs over steps when the run has a step count (max_steps: exactly reproducible), or
     over the clock when it has only a time budget: at `elapsed` seconds of `budget`, the cosine is
@@ -94,6 +166,9 @@ def lr_at(
             warmup = min(warmup, max(1.0, share * budget / step_seconds))
     if step < warmup:
         return lr * min(1.0, (step + 1) / warmup)
+    if schedule == "wsd":  # flat after the warm-up, then straight down over the last `cooldown` of the run
+        return lr * flat_then_down(step / max_steps if max_steps is not None else elapsed / budget, min_ratio,
+                                   cooldown)
     if max_steps is not None:
         return lr * cosine((step - warmup) / max(1, max_steps - warmup), min_ratio)
     return lr * cosine(elapsed / budget, min_ratio)
@@ -137,6 +212,28 @@ class Step:
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip or math.inf)
         self.optimizer.step()
         return loss.detach(), grad_norm
+
+
+def training_bytes(config: GPTConfig, batch_size: int) -> int:
+    """About what a training step of this model and batch holds in memory, at most (float32 throughout):
+    weights, gradients and AdamW's two moments (16 bytes a weight); each block's activations kept for
+    the backward pass (about 16 numbers a channel a token, and the attention's T x T scores a head);
+    the logits, their softmax and gradient. A bound to check against the machine before anything is
+    allocated, not a measurement."""
+    L, C, T, V, H = config.n_layer, config.n_embd, config.block_size, config.vocab_size, config.n_head
+    weights = L * 12 * C * C + V * C + T * C
+    activations = L * batch_size * T * (16 * C + 2 * H * T) + 3 * batch_size * T * V
+    return 16 * weights + 4 * activations
+
+
+def check_fits_training(config: GPTConfig, batch_size: int) -> None:
+    """A one-line error before any work where training this model and batch would not fit in memory."""
+    need, have = training_bytes(config, batch_size), memory_bytes()
+    if have is not None and need > have:
+        blocks = f"{config.n_layer} block{'s' if config.n_layer > 1 else ''}"
+        raise UserError(f"training {blocks} of {config.n_embd} channels, a window of "
+                        f"{config.block_size}, {batch_size} sequences a step asks for about {need / 2**30:,.0f} GiB, "
+                        f"more than this machine's {have / 2**30:,.0f} GiB: make the model or the batch smaller")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -84,7 +84,8 @@ from mvgpt.perf.measure import (
     time_it,
     tune_malloc,
 )
-from mvgpt.train import Step, configure_optimizer
+from mvgpt.perf.threads import threads_arg
+from mvgpt.train import Step, check_fits_training, configure_optimizer
 
 T = TypeVar("T")
 # goals: decoding near its memory floor; the re-run window far behind the cache; training at 0.4 of
@@ -525,7 +526,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--compile", action="store_true", help="also time the training steps through torch.compile")
     p.add_argument("--c-step", action="store_true", help="also time the one-token step in C "
                    "(mvgpt/perf/one_token.c) beside the eager one, and its build")
-    p.add_argument("--threads", type=positive_int, help="torch's CPU threads (default: torch's, one per core)")
+    p.add_argument("--threads", type=threads_arg, help="torch's CPU threads (default: torch's, one per core)")
     p.add_argument("--no-tune-malloc", action="store_true", help="leave glibc's malloc as it is")
     p.add_argument("--batches", type=positive_ints, default="1,8,32", help="batch sizes for generation with the cache")
     p.add_argument("--note", default="", help="a line on the conditions, kept with the figures (e.g. a busy machine)")
@@ -556,6 +557,7 @@ def main(argv: list[str] | None = None) -> dict:
     shape = dict(n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd, block_size=args.block_size,
                  vocab_size=args.vocab_size)
     learned, rope = GPTConfig(**shape), GPTConfig(**shape, rope=True)
+    check_fits_training(learned, args.batch_size)  # its training steps must fit: said now, before any part
     window = args.block_size
     print(machine(device), f"headline precision {dtype_name(dtype)}")
     started = time.perf_counter()

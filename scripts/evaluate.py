@@ -34,7 +34,7 @@ from mvgpt.checkpoint import existing_path, read_models
 from mvgpt.data import DATA_DIR, data_tokenizer_hash, load_tokens, prepared_data
 from mvgpt.device import CHOICES as DTYPE_CHOICES
 from mvgpt.device import autocast, dtype_name, machine, pick_device, resolve_dtype
-from mvgpt.extension.flags import add_context_args, apply_context_args
+from mvgpt.extension.flags import add_context_args, apply_context_args, check_context_args
 from mvgpt.kit.errors import ArgumentParser, positive_int, run_main
 from mvgpt.kit.io import write_json
 from mvgpt.kit.runfolder import writable_file
@@ -125,6 +125,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                    help="matrix products in bf16 (then float32 too, for the difference) or float32")
     add_context_args(p)
     args = p.parse_args(argv)
+    check_context_args(p, args)
 
     device = pick_device(args.device)
     dtype = resolve_dtype(args.dtype, device)

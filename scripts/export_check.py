@@ -272,7 +272,12 @@ def export_targets(out: Path, ckpts: list[str], gguf: bool) -> dict[str, Path]:
 
 
 def claim_outputs(args: argparse.Namespace) -> None:
-    """Before any work: every export's place is free (or --overwrite), and none is an input."""
+    """Before any work: each checkpoint given once, every export's place free (or --overwrite), none an input."""
+    seen: dict[Path, str] = {}
+    for ckpt in args.checkpoints:
+        same = seen.setdefault(checkpoint_path(ckpt).resolve(), ckpt)
+        if same != ckpt or args.checkpoints.count(ckpt) > 1:
+            raise UserError(f"{ckpt} is given twice (as {same}): give each checkpoint once")
     reads = {f"checkpoint {c}": checkpoint_path(c) for c in args.checkpoints} | {"--data-dir": args.data_dir}
     args.targets = export_targets(Path(args.out), args.checkpoints, args.gguf)
     for target in args.targets.values():

@@ -55,6 +55,7 @@ from mvgpt.instruct import (
 from mvgpt.kit.errors import (
     ArgumentParser,
     UserError,
+    folder_name,
     non_negative_float,
     non_negative_int,
     positive_float,
@@ -64,7 +65,7 @@ from mvgpt.kit.errors import (
     writable_folder,
 )
 from mvgpt.kit.io import write_json
-from mvgpt.kit.runfolder import RunLock, claim, claim_file, writable_file
+from mvgpt.kit.runfolder import RunLock, claim, claim_file, tensorboard_folder, writable_file
 from mvgpt.kit.runlog import RunLog, read_log
 from mvgpt.lora import (
     DEFAULT_ALPHA,
@@ -82,9 +83,9 @@ from mvgpt.lora import (
 )
 from mvgpt.model import GPT
 from mvgpt.perf.cpu_attention import batch_attention_where_it_pays
-from mvgpt.perf.threads import cpu_threads, describe
+from mvgpt.perf.threads import cpu_threads, describe, threads_arg
 from mvgpt.tokenizer import Tokenizer
-from mvgpt.train import LossWatch, Step, StopSignals, all_finite, diverged, lr_at
+from mvgpt.train import LossWatch, Step, StopSignals, all_finite, check_fits_training, diverged, lr_at
 
 TAGS = {"loss": "loss/train_story", "lr": "lr", "val_loss": "loss/held_out_story"}  # log.jsonl's keys in TensorBoard
 
@@ -94,8 +95,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--init-from", default="checkpoints/pretrain-rope",
                    help="the base: a run folder or checkpoint")
     p.add_argument("--data-dir", default=str(DATA_DIR))
-    p.add_argument("--out-dir", help="run folder (default: checkpoints/lora-rope, or lora for learned positions)")
-    p.add_argument("--runs-dir", type=writable_folder, default="runs", help="TensorBoard logs, one folder per run")
+    p.add_argument("--out-dir", type=folder_name,
+                   help="run folder (default: checkpoints/lora-rope, or lora for learned positions)")
+    p.add_argument("--runs-dir", type=tensorboard_folder, default="runs", help="TensorBoard logs, one folder per run")
     p.add_argument("--rank", type=positive_int,
                    help=f"rank r of each update (default {DEFAULT_RANK}: about 2%% of 6 x 384)")
     p.add_argument("--alpha", type=positive_float,
@@ -113,7 +115,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--device", help="cpu, cuda, mps (default: the best present)")
     p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
                    help="the adapters' products in bfloat16 (weights stay float32) or float32; auto: bf16 where native")
-    p.add_argument("--threads", type=positive_int,
+    p.add_argument("--threads", type=threads_arg,
                    help="CPU threads, fixed (default: the cores other programs leave free, looked at as it trains)")
     p.add_argument("--resume", action="store_true",
                    help="continue the run folder's adapter (its rank, alpha and base; other flags may change)")
@@ -386,6 +388,7 @@ def main(argv: list[str] | None = None) -> dict:
     if tok_hash is None:
         raise SystemExit(f"error: no complete prepared data in {args.data_dir}: run `python scripts/prepare.py` first")
     base, base_state = load_model(args.init_from, device, tok_hash)
+    check_fits_training(base.config, args.batch_size)  # the batch's activations too: said before any work
     if args.rank is not None and args.rank > max_rank(base):
         raise UserError(f"--rank {args.rank} makes an update larger than the layer it adapts (this model's smallest "
                         f"takes rank {max_rank(base)} at most): give a smaller --rank (default {DEFAULT_RANK})")

@@ -103,6 +103,9 @@ def sweep(args: argparse.Namespace, models: list[tuple[str, GPT]], val) -> dict:
         if not model.config.rope:
             notes.append(f"{name}: learned positions, read at {train_ctx} or less, unscaled")
         set_context(model)
+    if not rows:  # every model has learned positions, and every context is past its table
+        raise UserError(f"learned positions stop at the training context, and every --ctx is past it: give --ctx "
+                        f"{min(m.config.block_size for _, m in models)} or less, or a rope model")
     memory = []
     rope_models = [model for _, model in models if model.config.rope]
     if args.memory and rope_models:
@@ -202,6 +205,8 @@ def main(argv: list[str] | None = None) -> dict:
                         "builds), auto (the C step where its build pays for the streams)")
     args = p.parse_args(argv)
 
+    if args.rope_factor is not None and "linear" not in args.rope_scaling:
+        p.error("--rope-factor is linear's factor for the sweep: add linear to --rope-scaling, or drop it")
     device, models, val = load(args)
     if args.ctx:
         return finish(args, device, sweep(args, models, val))

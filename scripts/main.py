@@ -22,6 +22,7 @@ Examples:
     python scripts/main.py --source ../shared/data/tinystories --max-steps 1000   # the committed runs
     python scripts/main.py                                          # downloads TinyStories first
     python scripts/main.py --source stories.txt --tiny      # a tiny CPU run into tiny/, a minute
+    python scripts/main.py --source ../shared/data/tinystories --plan-only   # the plan alone: a minute or two
 """
 
 from __future__ import annotations
@@ -37,14 +38,14 @@ import time
 from pathlib import Path
 
 from mvgpt.checkpoint import checkpoint_path, read_checkpoint
-from mvgpt.data import SOURCE_ENV, data_tokenizer_hash, prepared_for, read_meta, source_fingerprint
+from mvgpt.data import SOURCE_ENV, data_tokenizer_hash, prepared_for, read_meta, source_arg, source_fingerprint
 from mvgpt.device import machine, pick_device
 from mvgpt.extension.rope_scaling import SCALING_METHODS
 from mvgpt.kit.errors import ArgumentParser, UserError, positive_int, run_main, writable_folder
 from mvgpt.kit.io import write_json
 from mvgpt.kit.runfolder import holds
 from mvgpt.lora import ADAPTER_NAME, read_adapter
-from mvgpt.train import WARMUP_SHARE, WARMUP_STEPS
+from mvgpt.train import STEPS_WARMUP_SHARE, WARMUP_STEPS
 
 SCRIPTS = Path(__file__).resolve().parent
 ROOT = SCRIPTS.parent
@@ -195,6 +196,11 @@ def plan_job(args: argparse.Namespace, data: Path, ckpts: Path, results: Path, s
     shape["vocab_size"] = json.loads((data / "meta.json").read_text())["vocab_size"]
     learned, rope = GPTConfig(**shape), GPTConfig(**shape, rope=True)
     W = rope.block_size
+    held_out, needed = (data / "val.bin").stat().st_size // 2, 8 * 3 * W + 1  # context.py: 8 streams of 3 windows
+    if held_out < needed:  # said before any training, not by a measuring step an hour in
+        raise UserError(f"the held-out set in {data} has {held_out:,} tokens, and the job's reading past the window "
+                        f"takes {needed:,} (8 streams of 3 windows of {W}): prepare it from a source with more "
+                        "held-out text (valid.txt)")
     before = steps_trained_before(ckpts)
     steps = args.max_steps or before
     long_dir = ckpts / f"pretrain-rope-ctx{4 * W}-linear"
@@ -236,7 +242,8 @@ def plan_job(args: argparse.Namespace, data: Path, ckpts: Path, results: Path, s
 
 def main(argv: list[str] | None = None) -> None:
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--source", help="TinyStories file or folder (default: $MVGPT_TINYSTORIES, else download)")
+    p.add_argument("--source", type=source_arg,
+                   help="TinyStories file or folder (default: $MVGPT_TINYSTORIES, else download)")
     p.add_argument("--out", type=writable_folder,
                    help="where data/, checkpoints/, runs/ and results/ go (default: here; tiny/ with --tiny)")
     p.add_argument("--max-steps", type=positive_int,
@@ -246,7 +253,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--finetune-steps", type=positive_int, default=80, help="steps of the long-context fine-tune")
     p.add_argument("--lora-steps", type=positive_int, default=150, help="steps of the LoRA instruction fine-tune")
     p.add_argument("--tiny", action="store_true", help="a tiny model and vocabulary: checks the pipeline")
+    p.add_argument("--plan-only", action="store_true",
+                   help="prepare the data, measure this machine and print the plan, then stop: how long the job "
+                        "would take here")
     args = p.parse_args(argv)
+    pick_device(args.device)  # a device this machine lacks: said now, before the data is prepared
     started = time.perf_counter()
     # SIGTERM between the steps (measuring the machine, say) ends the job as Ctrl-C does: one line, and the
     # same command later goes on from where it stopped. While a step runs, run() passes it on to the step.
@@ -270,11 +281,13 @@ def main(argv: list[str] | None = None) -> None:
 
     # the plan: this machine measured, each stage's time from it, the steps both kinds train
     progress, args.max_steps = plan_job(args, data, ckpts, results, started)
+    if args.plan_only:
+        return
 
     # both kinds from the same seed, data and batches, the same number of steps, in bfloat16 where it is native;
     # fewer steps than 1,000 warm up for a fifth of them, as 1,000 do for pretrain.py's 200
     model = TINY if args.tiny else ["--compile"]  # compiling pays over a thousand steps, not over a tiny run
-    warmup = int(WARMUP_SHARE * args.max_steps)
+    warmup = int(STEPS_WARMUP_SHARE * args.max_steps)
     model += ["--warmup", str(max(1, warmup))] if warmup < WARMUP_STEPS else []
     for kind, name in (([], "pretrain"), (["--rope"], "pretrain-rope")):
         train([str(SCRIPTS / "pretrain.py"), *kind, *model, "--max-steps", str(args.max_steps), "--dtype", "auto"],

@@ -29,6 +29,7 @@ from mvgpt.data import (
     SOURCE_ENV,
     prepare,
     resolve_source,
+    source_arg,
     source_files,
 )
 from mvgpt.kit.errors import ArgumentParser, non_negative_float, number, run_main, writable_folder
@@ -49,7 +50,8 @@ def data_counts(meta: dict, command: list[str]) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--source", help=f"TinyStories text file or folder (default: ${SOURCE_ENV}, else download)")
+    p.add_argument("--source", type=source_arg,
+                   help=f"TinyStories text file or folder (default: ${SOURCE_ENV}, else download)")
     p.add_argument("--data-dir", type=writable_folder, default=str(DATA_DIR), help="where the tokenizer and bins go")
     p.add_argument("--vocab-size", type=number(int, lambda v: MIN_VOCAB <= v <= MAX_VOCAB,
                                                f"a whole number from {MIN_VOCAB} to {MAX_VOCAB}"),

@@ -67,6 +67,7 @@ from mvgpt.extension.rope_scaling import SCALING_METHODS
 from mvgpt.kit.errors import (
     ArgumentParser,
     UserError,
+    folder_name,
     non_negative_float,
     non_negative_int,
     positive_float,
@@ -74,22 +75,24 @@ from mvgpt.kit.errors import (
     run_main,
     seed,
     share,
-    writable_folder,
 )
-from mvgpt.kit.io import write_json
-from mvgpt.kit.runfolder import RunLock, claim, claim_file, writable_file
+from mvgpt.kit.io import first_non_finite, write_json
+from mvgpt.kit.runfolder import RunLock, claim, claim_file, tensorboard_folder, writable_file
 from mvgpt.kit.runlog import RunLog, read_log
 from mvgpt.model import GPT, GPTConfig
 from mvgpt.perf.cpu_attention import batch_attention_where_it_pays
 from mvgpt.perf.measure import compile_pays, tune_malloc
-from mvgpt.perf.threads import cpu_threads, describe
+from mvgpt.perf.threads import cpu_threads, describe, threads_arg
 from mvgpt.train import (
+    DEFAULT_OPTIMIZER,
+    OPTIMIZERS,
     WARMUP_SHARE,
     WARMUP_STEPS,
     LossWatch,
     Step,
     StopSignals,
     all_finite,
+    check_fits_training,
     configure_optimizer,
     diverged,
     lr_at,
@@ -111,8 +114,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rope", action="store_true", help="rotary position embeddings instead of a learned table")
     p.add_argument("--data-dir", default=str(DATA_DIR))
-    p.add_argument("--out-dir", help="run folder (default: checkpoints/<kind>)")
-    p.add_argument("--runs-dir", type=writable_folder, default="runs", help="TensorBoard logs, one folder per run")
+    p.add_argument("--out-dir", type=folder_name, help="run folder (default: checkpoints/<kind>)")
+    p.add_argument("--runs-dir", type=tensorboard_folder, default="runs", help="TensorBoard logs, one folder per run")
     p.add_argument("--json", type=writable_file, help="also write the run's summary here (steps, tokens/s, losses)")
     # the model (default: GPTConfig's; with --resume or --init-from, the checkpoint's)
     p.add_argument("--n-layer", type=positive_int, help=f"blocks (default {shape.n_layer})")
@@ -133,6 +136,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup-share", type=share, default=WARMUP_SHARE,
                    help="bounded by --minutes, the warm-up ends by this share of them at the latest (default "
                         "%(default)g: why, mvgpt/train.py; 0: by its steps alone)")
+    p.add_argument("--optimizer", choices=OPTIMIZERS,
+                   help=f"muon: Muon for the blocks' matrices, AdamW for the rest; adamw: AdamW for all (default "
+                        f"{DEFAULT_OPTIMIZER}; a resumed run keeps its own)")
     p.add_argument("--weight-decay", type=non_negative_float, default=0.1)
     p.add_argument("--grad-clip", type=non_negative_float, default=1.0, help="gradient norm clip (0: none)")
     p.add_argument("--max-steps", type=positive_int, help="train this many steps; the schedule follows the steps")
@@ -148,7 +154,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--ckpt-every", type=positive_int, default=25)
     # where and how it runs
     p.add_argument("--device", help="cpu, cuda, mps (default: the best present)")
-    p.add_argument("--threads", type=positive_int,
+    p.add_argument("--threads", type=threads_arg,
                    help="CPU threads, fixed (default: the cores other programs leave free, looked at as it trains: "
                         "mvgpt/perf/threads.py)")
     p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
@@ -289,7 +295,25 @@ def resumed_model(args: argparse.Namespace, state: dict, out_dir: Path, tok_hash
             raise UserError(f"{out_dir} holds a run with {k}={saved[k]!r}, and {flag} asks for {value!r}: "
                             "a resume continues the checkpoint's model; drop the flag, or start a new run with "
                             "another --out-dir")
-    return GPT(config_from_dict(saved))
+    config = config_from_dict(saved)
+    check_fits_training(config, args.batch_size)
+    return GPT(config)
+
+
+def optimizer_of(args: argparse.Namespace, state: dict | None, out_dir: Path) -> str:
+    """The optimizer to train with: --optimizer, else the resumed run's own (runs from before the flag
+    used AdamW), else the default. A resume that asks for another is refused: the saved moments belong
+    to the optimizer that made them."""
+    if state is None:
+        return args.optimizer or DEFAULT_OPTIMIZER
+    saved = (state.get("args") or {}).get("optimizer") or "adamw"
+    if saved not in OPTIMIZERS:
+        raise UserError(f"{out_dir}'s checkpoint names an optimizer this version does not have ({saved!r}): start a "
+                        "new run with another --out-dir")
+    if args.optimizer and args.optimizer != saved:
+        raise UserError(f"{out_dir} holds a run trained with {saved}, and --optimizer asks for {args.optimizer}: "
+                        "drop the flag to continue it, or start a new run with another --out-dir")
+    return saved
 
 
 def start_or_resume(
@@ -307,6 +331,15 @@ def start_or_resume(
     if missing:  # e.g. a merged LoRA checkpoint, or one saved by hand: weights without a run to continue
         raise UserError(f"{checkpoint_path(out_dir)} has no {', '.join(missing)}: it is a model, not a run to "
                         "continue; start a new run from it with --init-from")
+    step, elapsed = state["step"], state["elapsed"]
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0 or not isinstance(elapsed, (int, float)) \
+            or not math.isfinite(elapsed) or elapsed < 0:
+        raise UserError(f"{checkpoint_path(out_dir)} says it is at step {step!r} after {elapsed!r} seconds, which "
+                        "no run saves: use an earlier checkpoint, or start a new run with another --out-dir")
+    bad = first_non_finite(state["model"]) if isinstance(state["model"], dict) else None
+    if bad is not None:
+        raise UserError(f"{checkpoint_path(out_dir)} holds non-finite weights ({bad}): use an earlier checkpoint, or "
+                        "start a new run with another --out-dir")
     try:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
@@ -485,6 +518,8 @@ def main(argv: list[str] | None = None) -> dict:
     tok_hash = data_tokenizer_hash(data_dir)
     args.vocab_size = json.loads((data_dir / "meta.json").read_text())["vocab_size"]
     fields, init = (None, None) if args.resume else new_config(args, tok_hash)  # a new run's model, checked now
+    if fields:  # its training must fit in this machine's memory: said now, not after minutes of swapping
+        check_fits_training(config_from_dict(fields), args.batch_size)
     args.rope = args.rope or bool(fields and fields["rope"])  # --init-from a rope model: a rope run
     out_dir, note = run_dir(args)
     args.out_dir = str(out_dir)  # the folder used, in the checkpoint's args and the summary
@@ -504,8 +539,17 @@ def main(argv: list[str] | None = None) -> dict:
             setattr(args, k, getattr(model.config, k))
         args.rope = model.config.rope
         name = run_name(args)
-        optimizer = configure_optimizer(model, args.lr, args.weight_decay, device)
+        for split, tokens in (("training", train_data), ("held-out", val_data)):  # said now, not at step 25
+            if len(tokens) <= model.config.block_size + 1:
+                raise UserError(f"the {split} set in {data_dir} has {len(tokens):,} tokens, too few for windows of "
+                                f"{model.config.block_size}: prepare it from more text (`python scripts/prepare.py "
+                                "--source DIR --force`)")
+        args.optimizer = optimizer_of(args, state, out_dir)
+        optimizer = configure_optimizer(model, args.lr, args.weight_decay, device, muon=args.optimizer == "muon")
         step, elapsed, records = start_or_resume(args, out_dir, model, optimizer, state, master)
+        if master and args.max_steps and step > args.max_steps:  # said, not taken as a wish to go back
+            print(f"{out_dir} is at step {step}, past --max-steps {args.max_steps}: nothing to train (its summary "
+                  "follows)")
         model.to(device)
         if args.compile is None:  # neither asked for nor against: where it earns its compile time back
             args.compile = not args.max_steps and compile_pays(device, dtype, args.minutes * 60 - elapsed)

@@ -28,7 +28,7 @@ from mvgpt.checkpoint import find_model, load_source, model_arg
 from mvgpt.data import DATA_DIR, data_tokenizer_hash, prepared_data
 from mvgpt.device import CHOICES as DTYPE_CHOICES
 from mvgpt.device import pick_device, resolve_dtype
-from mvgpt.extension.flags import add_context_args, apply_context_args
+from mvgpt.extension.flags import add_context_args, apply_context_args, check_context_args
 from mvgpt.kit.errors import (
     ArgumentParser,
     UserError,
@@ -41,7 +41,7 @@ from mvgpt.kit.errors import (
 from mvgpt.lora import load_adapter
 from mvgpt.model import GPT
 from mvgpt.perf.fast_decode import add_decode_step_arg, use_decode_step
-from mvgpt.perf.threads import cpu_threads
+from mvgpt.perf.threads import cpu_threads, threads_arg
 from mvgpt.tokenizer import Tokenizer
 
 
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--no-cache", action="store_true", help="re-read the last window for every token")
     p.add_argument("--data-dir", type=prepared_data, default=str(DATA_DIR), help="where the tokenizer is")
     p.add_argument("--device", help="cpu, cuda, mps (default: the best present)")
-    p.add_argument("--threads", type=positive_int,
+    p.add_argument("--threads", type=threads_arg,
                    help="CPU threads, fixed (default: the cores other programs leave free, looked at as it writes)")
     p.add_argument("--adapter", help="a LoRA run folder or adapter file for this checkpoint, applied unmerged")
     p.add_argument("--dtype", default="float32", choices=DTYPE_CHOICES,
@@ -80,6 +80,7 @@ def main(argv: list[str] | None = None) -> str:
     add_context_args(p)
     add_decode_step_arg(p)
     args = p.parse_args(argv)
+    check_context_args(p, args)
 
     device = pick_device(args.device)
     tokenizer = Tokenizer.load(Path(args.data_dir) / "tokenizer.json")

@@ -461,6 +461,15 @@ class LiveServer(ThreadingHTTPServer):
         super().handle_error(request, client_address)
 
 
+def host_arg(text: str) -> str:
+    """--host, never empty: an empty name would listen on every address (a `--host "$HOST"` whose variable
+    is unset would open the page to the network without a word)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty: give an address (127.0.0.1, the default; 0.0.0.0 to let other "
+                                         "machines in)")
+    return text.strip()
+
+
 def make_server(app: Live, host: str, port: int) -> LiveServer:
     """A threaded server (each page's stream on its own thread) for app, listening on host:port: on the
     first of host's addresses that binds, IPv4 or IPv6. Where that address is loopback, whatever --host
@@ -510,7 +519,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("checkpoints", nargs="+", type=model_arg,
                    help="run folders or checkpoint files (a LoRA run folder: its base, with the adapter)")
     p.add_argument("--port", type=port_number, default=8000, help="0: any free port")
-    p.add_argument("--host", default="127.0.0.1",
+    p.add_argument("--host", type=host_arg, default="127.0.0.1",
                    help="the address to listen on (default: this machine only, as ::1 is; 0.0.0.0 lets others in)")
     p.add_argument("--max-tokens", type=at_least(1), default=1024, help="the most tokens a page may ask for")
     p.add_argument("--data-dir", type=prepared_data, default=str(DATA_DIR),

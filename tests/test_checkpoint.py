@@ -76,7 +76,7 @@ def test_pickled_code_is_never_loaded(tmp_path):
 
 def test_tokenizer_hash_mismatch_is_refused(tmp_path):
     save_checkpoint(tmp_path / "run", tiny_model(), tokenizer_hash="aaaa")
-    with pytest.raises(SystemExit, match="trained with tokenizer aaaa, but data/ has bbbb") as e:
+    with pytest.raises(SystemExit, match="trained with tokenizer aaaa, but the data read has bbbb") as e:
         load_model(tmp_path / "run", tokenizer_hash="bbbb")
     one_line_error(e)
 

@@ -19,6 +19,7 @@ import json
 import os
 import re
 import runpy
+import shlex
 import signal
 import subprocess
 import sys
@@ -65,10 +66,16 @@ CASES: list[Case] = [
     Case("prepare", "--source missing", "source missing does not exist"),
     Case("prepare", "--source latin1.txt", "is not UTF-8 text", "a source in another encoding"),
     Case("prepare", "--source notes.txt", "no <|endoftext|> separators"),
+    Case("prepare", "--source ''", "argument --source: is empty", "an unset variable ($SOURCE)"),
     # pretrain: a run folder is someone's work
     Case("pretrain", "--max-steps 1 --out-dir checkpoints/pretrain", "holds a run (ckpt.pt) already",
          "forgetting --resume"),
     Case("pretrain", "--rope --max-steps 0", "argument --max-steps: 0 is out of range: give a whole number >= 1"),
+    Case("pretrain", "--rope --n-layer 1000000000000000000000000000000", "more than this machine's",
+         "a model no memory holds"),
+    Case("pretrain", "--rope --batch-size 100000000", "make the model or the batch smaller", "a batch no memory holds"),
+    Case("pretrain", "--runs-dir data --max-steps 1 --out-dir checkpoints/new", "data holds prepared data",
+         "TensorBoard's files among the data's"),
     Case("pretrain", "--rope --minutes -1", "argument --minutes: -1 is out of range: give a number >= 0"),
     Case("pretrain", "--rope --minutes nan", "argument --minutes: nan is not a finite number: give a number >= 0"),
     Case("pretrain", "--grad-clip -1", "argument --grad-clip: -1 is out of range: give a number >= 0",
@@ -96,6 +103,15 @@ CASES: list[Case] = [
          "--rope-scaling linear --rope-factor -2", "argument --rope-factor: -2 is out of range: give a number above 0"),
     Case("pretrain", "--max-steps 9 --out-dir checkpoints/busy --resume", "is in use by process",
          "a second process in a live run folder"),
+    Case("pretrain", "--max-steps 1 --out-dir mine", "files of its own (log.jsonl)",
+         "a folder with a log.jsonl that is not a run's"),
+    Case("pretrain", "--max-steps 1 --out-dir ''", "argument --out-dir: an empty name: give a folder",
+         "an unset variable, which would mean the default folder"),
+    Case("pretrain", "--max-steps 1 --out-dir checkpoints/new --json ''", "argument --json: an empty name"),
+    Case("pretrain", "--max-steps 1 --out-dir checkpoints/new --runs-dir checkpoints",
+         "give TensorBoard a folder of its own", "TensorBoard's files inside the run folder"),
+    Case("pretrain", "--max-steps 1 --out-dir checkpoints/new --init-from text.pt", "truncated or corrupt",
+         "a text file named like a checkpoint"),
     # evaluate
     Case("evaluate", "checkpoints/pretrain --tokens 0", "--tokens: 0 is out of range"),
     Case("evaluate", "checkpoints/pretrain --batch-size 0", "--batch-size: 0 is out of range"),
@@ -109,6 +125,10 @@ CASES: list[Case] = [
     Case("evaluate", "checkpoints/pretrain --ctx 0", "--ctx: 0 is out of range"),
     Case("evaluate", "checkpoints/pretrain --ctx 64", "learned positions", "past a learned table"),
     Case("evaluate", "checkpoints/pretrain --rope-scaling quadratic", "invalid choice"),
+    Case("evaluate", "checkpoints/pretrain-rope --rope-factor 7", "--rope-factor is for --rope-scaling linear or "
+         "dynamic-ntk, not none", "a factor no method reads"),
+    Case("sample", "checkpoints/pretrain-rope --ctx 32 --rope-scaling yarn --rope-factor 3",
+         "--rope-factor is for --rope-scaling linear or dynamic-ntk, not yarn"),
     Case("evaluate", "checkpoints/pretrain --device tpu9", "unknown device"),
     # sample
     Case("sample", "checkpoints/pretrain --temperature -1", "--temperature: -1 is out of range",
@@ -120,6 +140,8 @@ CASES: list[Case] = [
     Case("sample", "checkpoints/pretrain --seed -1", "--seed: -1 is out of range"),
     Case("sample", "checkpoints/missing", "no checkpoint at checkpoints/missing: train one"),
     Case("sample", "corrupt.pt", "truncated or corrupt"),
+    Case("sample", "text.pt", "truncated or corrupt"),
+    Case("sample", "checkpoints/pretrain-rope --ctx 100000000", "give a smaller --ctx", "a window no memory holds"),
     Case("sample", "other-tokenizer.pt", "was trained with tokenizer 0123456789abcdef"),
     Case("sample", "checkpoints/pretrain --adapter notes.txt", "notes.txt"),
     Case("sample", "checkpoints/pretrain --data-dir missing", "no complete prepared data in missing"),
@@ -145,6 +167,10 @@ CASES: list[Case] = [
     Case("long_context", "checkpoints/pretrain --sinks 4", "pretrain has learned positions: give a rope model"),
     Case("long_context", "checkpoints/pretrain-rope --dynamic --length 10",
          "--length 10 does not reach past the window of 16 tokens"),
+    Case("long_context", "checkpoints/pretrain --ctx 32", "learned positions stop at the training context, and "
+         "every --ctx is past it", "a sweep with nothing to read"),
+    Case("long_context", "checkpoints/pretrain-rope --ctx 32 --rope-scaling ntk --rope-factor 2",
+         "--rope-factor is linear's factor for the sweep"),
     # export and export_check
     Case("export", "checkpoints/pretrain exports/mine", "exports/mine is not empty", "the user's own README.md"),
     Case("export", "checkpoints/pretrain notes.txt --format gguf", "notes.txt is there already"),
@@ -162,6 +188,8 @@ CASES: list[Case] = [
     Case("export_check", "checkpoints/pretrain --max-new-tokens 0", "--max-new-tokens: 0 is out of range"),
     Case("export_check", "checkpoints/pretrain --held-out-tokens 0", "--held-out-tokens: 0 is out of range"),
     Case("export_check", "checkpoints/pretrain --gguf --ctx 1", "--ctx: 1 is out of range"),
+    Case("export_check", "checkpoints/pretrain checkpoints/pretrain/", "checkpoints/pretrain/ is given twice",
+         "one checkpoint twice"),
     Case("export_check", "checkpoints/pretrain --json notes.txt/x.json", "notes.txt is a file, not a folder"),
     Case("export_check", "checkpoints/pretrain --out notes.txt", "notes.txt is a file: give a folder"),
     Case("export_check", "checkpoints/missing", "no checkpoint at checkpoints/missing: train one"),
@@ -182,6 +210,9 @@ CASES: list[Case] = [
     Case("bench", "--batches 1,0", "--batches: 0 is out of range"),
     Case("bench", "--threads 0", "--threads: 0 is out of range"),
     Case("bench", "--only decodng", "--only 'decodng' names no part", "a misspelled part"),
+    Case("bench", "--threads 1000000", "--threads: 1000000 is out of range: give a whole number from 1 to"),
+    Case("bench", "--n-layer 1000000000000000000000000000000", "more than this machine's",
+         "a model no memory holds"),
     Case("bench", "--n-embd 30 --n-head 4", "--n-embd 30 must be --n-head 4 times an even head size"),
     Case("bench", "--json notes.txt/b.json", "notes.txt is a file, not a folder"),
     # main
@@ -214,6 +245,9 @@ def make_world(root: Path) -> Path:
     save_adapter(root / "checkpoints" / "lora-r2", model, base_hash, tok_hash, base="checkpoints/pretrain-rope")
     save_checkpoint(root / "other-tokenizer.pt", GPT(tiny_config(vocab_size=300)), tokenizer_hash="0123456789abcdef")
     (root / "corrupt.pt").write_bytes(b"not a checkpoint" * 64)
+    (root / "mine").mkdir()
+    (root / "mine" / "log.jsonl").write_text("my notes, not a run's log\n")  # a user's file of that name
+    (root / "text.pt").write_bytes(b"hello\n")  # a pickle's opcodes to the unpickler: it fails in other ways
     model = GPT(tiny_config(vocab_size=300))
     for name, config in (("crafted.pt", {"n_layer": -1}), ("huge.pt", {"block_size": 2**40})):
         torch.save({"model": model.state_dict(), "config": {**asdict(model.config), **config}}, root / name)
@@ -248,7 +282,7 @@ def run_forked(script: str, args: str, out: Path, err: Path, setup: Callable[[],
             if setup is not None:
                 setup()
             path = str(SCRIPTS / f"{script}.py")
-            sys.argv = [path, *args.split()]
+            sys.argv = [path, *shlex.split(args)]  # as a shell splits it: quotes kept
             runpy.run_path(path, run_name="__main__")
             code = 0
         except SystemExit as e:  # what the interpreter does with it

@@ -12,7 +12,7 @@ import pytest
 from conftest import ROOT, write_corpus
 
 from mvgpt import data
-from mvgpt.data import download, get_batch, load_tokens, prepare, read_meta, resolve_source
+from mvgpt.data import DATA_DIR, download, get_batch, load_tokens, no_data, prepare, read_meta, resolve_source
 from mvgpt.tokenizer import EOT, Tokenizer
 
 
@@ -284,3 +284,26 @@ def test_source_from_environment(tmp_path, monkeypatch, corpus_dir):
     monkeypatch.setenv(data.SOURCE_ENV, str(corpus_dir))
     assert resolve_source(None, tmp_path) == corpus_dir
     assert resolve_source(str(tmp_path), tmp_path) == tmp_path  # --source wins
+
+
+@pytest.mark.parametrize("meta", ["null", "[]", '"text"', '{"vocab_size": -5}', '{"vocab_size": true}'])
+def test_a_meta_json_that_is_not_ours_is_no_prepared_data_and_says_how_to_prepare(data_dir, tmp_path, meta):
+    import shutil
+
+    copy = tmp_path / "data"
+    shutil.copytree(data_dir, copy)
+    (copy / "meta.json").write_text(meta)
+    assert read_meta(copy) is None
+    with pytest.raises(SystemExit) as e:
+        load_tokens(copy, "train")
+    assert e.value.code == (f"error: no complete prepared data in {copy}: run `python scripts/prepare.py --source "
+                            f"PATH --data-dir {copy}` (or pass --data-dir)")
+
+
+def test_typed_from_inside_scripts_the_missing_data_says_to_run_from_the_root(data_dir, tmp_path, monkeypatch):
+    (tmp_path / "data").symlink_to(data_dir)  # the repository's data/, beside scripts/
+    (tmp_path / "scripts").mkdir()
+    monkeypatch.chdir(tmp_path / "scripts")
+    monkeypatch.setattr(sys, "argv", ["pretrain.py", "--rope"])
+    assert no_data(DATA_DIR) == ("no prepared data in scripts/data: run the scripts from the repository's root: "
+                                 "`cd .. && python scripts/pretrain.py --rope`")

@@ -1,4 +1,6 @@
+import argparse
 import errno
+import json
 import os
 import signal
 import subprocess
@@ -158,3 +160,18 @@ def test_ctrl_c_in_main_stops_its_step_and_says_so_once(group):
         child.send_signal(signal.SIGINT)
     _, err = child.communicate(timeout=60)
     assert child.returncode == 130 and err == "interrupted (Ctrl-C): run the command again to start over\n"
+
+
+def test_an_output_through_a_symbolic_link_writes_its_target_and_a_device_is_refused(tmp_path):
+    from mvgpt.kit.io import write_json
+
+    (tmp_path / "target.json").write_text('{"mine": 1}')
+    (tmp_path / "link.json").symlink_to(tmp_path / "target.json")
+    assert runfolder.writable_file(str(tmp_path / "link.json")) == str(tmp_path / "link.json")
+    write_json(tmp_path / "link.json", {"ours": 2})
+    assert (tmp_path / "link.json").is_symlink() and json.loads((tmp_path / "target.json").read_text()) == {"ours": 2}
+    (tmp_path / "full.json").symlink_to("/dev/null")  # a device: no file to replace in one step
+    with pytest.raises(argparse.ArgumentTypeError, match="full.json is not a file \\(a device or a pipe\\)"):
+        runfolder.writable_file(str(tmp_path / "full.json"))
+    with pytest.raises(UserError, match="/dev/null is not a file \\(a device or a pipe\\): give a file to write"):
+        write_json(tmp_path / "full.json", {})

@@ -144,7 +144,7 @@ def test_a_compiler_that_cannot_be_run_leaves_the_models_step(monkeypatch, tmp_p
     for cc, why in [(tmp_path / "cc", "Permission denied"), (tmp_path / "none" / "gcc", "No such file or directory")]:
         fd.library.cache_clear(), fd.build_error.cache_clear()
         monkeypatch.setenv("CC", f"{cc} -O2")
-        said = f"{cc.name} could not be run ({why}): set CC to a C compiler, or install one (cc, gcc or clang)"
+        said = f"{cc} could not be run ({why}): set CC to a C compiler, or install one (cc, gcc or clang)"
         assert fd.build_error() == said
         assert fd.use_decode_step(model, "c", 100) == f"decoding with model.py's step, not the C step: {said}"
         assert "decode" not in vars(model) and eager_tokens(model).equal(eager)

@@ -3,8 +3,11 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
-from conftest import ROOT
+from conftest import ROOT, write_corpus
+
+from mvgpt.data import prepare
 
 
 def test_the_main_job_runs_end_to_end_on_a_tiny_model(corpus_dir, tmp_path):
@@ -40,14 +43,24 @@ def test_finished_steps_reads_the_step_and_refuses_a_corrupt_checkpoint(tmp_path
         main.finished_steps(tmp_path / "run")
 
 
-def fake_job(monkeypatch, data_dir, tmp_path, step_s: float = 2.0):
+def long_held_out(tmp_path) -> Path:
+    """Prepared data whose held-out set is long enough for the job's reading past a window of 256."""
+    source, data = tmp_path / "long-source", tmp_path / "long-data"
+    source.mkdir()
+    write_corpus(source / "train.txt", 400, seed=1)
+    write_corpus(source / "valid.txt", 600, seed=2)
+    prepare(source, data, vocab_size=300)
+    return data
+
+
+def fake_job(monkeypatch, data_dir, tmp_path, step_s: float = 2.0, short_held_out: bool = False):
     """main() with its steps recorded instead of run, on prepared data, with a measured machine made up:
     (the commands, what it printed)."""
     import main
 
     from mvgpt.perf import plan
 
-    (tmp_path / "data").symlink_to(data_dir)
+    (tmp_path / "data").symlink_to(data_dir if short_held_out else long_held_out(tmp_path))
     commands = []
     monkeypatch.setattr(main, "run", lambda step, env: commands.append(step))
     monkeypatch.setattr(main, "measure", lambda step, out, checkpoints, env: commands.append(step))
@@ -170,4 +183,39 @@ def test_a_busy_moment_is_measured_again_and_a_machine_still_too_slow_is_told_so
     assert str(e.value.code).startswith("error: this machine took 6.80 s a pretraining step while the plan measured "
                                         "(other programs kept 1.1 cores busy while the plan measured): ten minutes "
                                         "would train 75 steps a model")
+    assert pretrain_commands(commands) == []
+
+
+def test_plan_only_measures_and_prints_the_plan_and_runs_no_step(monkeypatch, data_dir, tmp_path, capsys):
+    import main
+
+    commands = fake_job(monkeypatch, data_dir, tmp_path)
+    main.main(["--out", str(tmp_path), "--device", "cpu", "--plan-only"])
+    said = capsys.readouterr().out
+    assert [Path(c[0]).name for c in commands] == ["prepare.py"]  # the data (done already: skipped), no step after
+    assert "plan (300 steps each" in said and "  total  " in said
+    assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "results" / "main-job.json").exists()
+
+
+def test_a_device_this_machine_lacks_is_refused_before_the_data_is_prepared(corpus_dir, tmp_path):
+    import main
+    import pytest
+
+    with pytest.raises(SystemExit, match="^error: unknown device 'tpu'"):
+        main.main(["--source", str(corpus_dir), "--out", str(tmp_path / "job"), "--device", "tpu"])
+    assert not (tmp_path / "job" / "data").exists()
+
+
+def test_a_held_out_set_too_short_for_the_jobs_reading_past_the_window_is_said_before_training(
+        monkeypatch, data_dir, tmp_path):
+    import main
+    import pytest
+
+    commands = fake_job(monkeypatch, data_dir, tmp_path, short_held_out=True)
+    held_out = (data_dir / "val.bin").stat().st_size // 2
+    with pytest.raises(SystemExit) as e:  # the default model's window: 8 x 3 x 256 tokens are more than the tests'
+        main.main(["--out", str(tmp_path), "--device", "cpu"])
+    assert e.value.code == (f"error: the held-out set in {tmp_path / 'data'} has {held_out:,} tokens, and the job's "
+                            "reading past the window takes 6,145 (8 streams of 3 windows of 256): prepare it from a "
+                            "source with more held-out text (valid.txt)")
     assert pretrain_commands(commands) == []

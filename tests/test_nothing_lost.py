@@ -442,10 +442,11 @@ def test_a_stale_lock_is_named_and_taken_over_a_live_one_refuses(tmp_path, capsy
     with RunLock(folder):
         assert (folder / "lock").read_text() == f"{os.getpid()} {me}\n"
     assert "which is gone (its number now belongs to another process)" in capsys.readouterr().out
-    (folder / "lock").write_text("garbage")
-    with RunLock(folder):
-        pass
-    assert "names no process (the file is damaged)" in capsys.readouterr().out
+    for damaged in ("garbage", "99999999999999999999 5", "-1 5", "0 5"):  # no process has these numbers
+        (folder / "lock").write_text(damaged)
+        with RunLock(folder):
+            pass
+        assert "names no process (the file is damaged)" in capsys.readouterr().out, damaged
     assert sorted(p.name for p in folder.iterdir()) == []  # released, and nothing left behind
     with pytest.raises(UserError):  # a refused run leaves no folder it made
         with RunLock(tmp_path / "made"):

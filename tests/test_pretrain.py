@@ -71,8 +71,10 @@ def test_same_seed_same_losses_and_both_kinds_share_batches(root):
     assert (a["run"], rope["run"]) == ("pretrain", "pretrain-rope")
 
 
-def test_kill_and_resume_continues_as_if_never_stopped(root):
-    args = run_args(root, "split", "--max-steps", "300", "--ckpt-every", "2", "--eval-every", "100")
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_kill_and_resume_continues_as_if_never_stopped(root, optimizer):
+    args = run_args(root, "split", "--max-steps", "300", "--ckpt-every", "2", "--eval-every", "100",
+                    "--threads", "1", "--optimizer", optimizer)  # one thread: the same sums in both runs
     killed = script(*args)
     for line in killed.stdout:  # kill -9 from outside as soon as a checkpoint is on disk
         if "checkpoint saved" in line:
@@ -82,8 +84,9 @@ def test_kill_and_resume_continues_as_if_never_stopped(root):
     assert killed.returncode == -signal.SIGKILL
     at = read_checkpoint(root / "split")["step"]
     assert 2 <= at < 300 and not (root / "split" / "ckpt.pt.tmp").exists()
-    pretrain.main([*args, "--resume"])  # the dead process's lock is taken over
-    train(root, "whole", "--max-steps", "300", "--ckpt-every", "2", "--eval-every", "100")
+    pretrain.main([*args[:-2], "--resume"])  # the dead process's lock is taken over; the run keeps its optimizer
+    train(root, "whole", "--max-steps", "300", "--ckpt-every", "2", "--eval-every", "100", "--threads", "1",
+          "--optimizer", optimizer)
     whole, split = losses(root / "whole"), losses(root / "split")
     assert len(split) == 300
     torch.testing.assert_close(torch.tensor(split), torch.tensor(whole), atol=1e-6, rtol=0)
@@ -256,10 +259,10 @@ def test_bounded_by_the_clock_the_warm_up_is_the_lesser_of_its_steps_and_a_share
     from mvgpt.train import WARMUP_SHARE
 
     lr = lambda step, **kw: lr_at(step, 1.0, 200, 0.1, budget=600.0, **kw)  # noqa: E731
-    # 4 s a step: the share of ten minutes holds 30 steps, so the warm-up is 30 steps, not 200
-    assert WARMUP_SHARE * 600.0 / 4.0 == 30
-    assert [lr(s, elapsed=4.0 * s, step_seconds=4.0) for s in (0, 14, 29)] == [1 / 30, 0.5, 1.0]
-    assert lr(30, elapsed=120.0, step_seconds=4.0) == cosine(0.2, 0.1)  # then the cosine, on the clock
+    # 4 s a step: half of ten minutes holds 75 steps, so the warm-up is 75 steps, not 200
+    assert WARMUP_SHARE * 600.0 / 4.0 == 75
+    assert [lr(s, elapsed=4.0 * s, step_seconds=4.0) for s in (0, 74)] == [1 / 75, 1.0]
+    assert lr(75, elapsed=300.0, step_seconds=4.0) == cosine(0.5, 0.1)  # then the cosine, on the clock
     # 0.5 s a step: 200 steps take 100 s, inside the share: the steps end it, as without a pace
     assert [lr(s, elapsed=0.5 * s, step_seconds=0.5) for s in (0, 99, 199, 200)] == [
         lr(s, elapsed=0.5 * s) for s in (0, 99, 199, 200)] == [1 / 200, 0.5, 1.0, cosine(100 / 600, 0.1)]
@@ -270,7 +273,7 @@ def test_bounded_by_the_clock_the_warm_up_is_the_lesser_of_its_steps_and_a_share
 
 
 @pytest.mark.parametrize("tick, warmup, leaves_at", [
-    (0.1, 200, 12),  # slow: 60 steps in the 6 s, the warm-up ends when a fifth of the time is gone (1.2 s)
+    (0.1, 200, 30),  # slow: 60 steps in the 6 s, the warm-up ends when half the time is gone (3 s)
     (0.02, 5, 5),  # fast: 300 steps, its 5 warm-up steps end before the share does, as they always did
 ])
 def test_a_run_bounded_by_time_leaves_its_warm_up_in_time_and_ends_at_the_floor(root, monkeypatch, tick, warmup,
@@ -545,3 +548,66 @@ def test_init_from_a_checkpoint_with_no_tokenizer_hash_and_fewer_token_ids_than_
     assert e.value.code == (f"error: {root / 'old'} reads 64 token ids, but the data's tokenizer makes 300: pass the "
                             "--data-dir it was trained on")
     assert not (root / "new").exists()
+
+
+def test_a_held_out_set_too_short_for_one_window_is_refused_before_any_step(tmp_path):
+    from conftest import write_corpus
+
+    from mvgpt.data import prepare
+
+    source = tmp_path / "source"
+    source.mkdir()
+    write_corpus(source / "train.txt", 200, seed=1)
+    (source / "valid.txt").write_text("Hi.\n<|endoftext|>\n")
+    prepare(source, tmp_path / "data", vocab_size=300)
+    with pytest.raises(SystemExit) as e:
+        pretrain.main([*TINY, "--data-dir", str(tmp_path / "data"), "--out-dir", str(tmp_path / "run"), "--max-steps",
+                       "30", "--runs-dir", str(tmp_path / "runs")])
+    assert str(e.value.code).startswith(f"error: the held-out set in {tmp_path / 'data'} has ") and \
+        str(e.value.code).endswith("tokens, too few for windows of 16: prepare it from more text "
+                                   "(`python scripts/prepare.py --source DIR --force`)")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_resume_keeps_the_runs_optimizer_and_refuses_another(root):
+    train(root, "m", "--max-steps", "2", "--optimizer", "muon")
+    with pytest.raises(SystemExit, match="trained with muon, and --optimizer asks for adamw"):
+        pretrain.main(run_args(root, "m", "--max-steps", "4", "--resume", "--optimizer", "adamw"))
+    out = pretrain.main(run_args(root, "m", "--max-steps", "4", "--resume"))
+    assert out["args"]["optimizer"] == "muon" and read_checkpoint(root / "m")["optimizer"].keys() == {"adamw", "muon"}
+    # a run saved before --optimizer existed holds AdamW's moments: it resumes with AdamW
+    train(root, "old", "--max-steps", "2", "--optimizer", "adamw")
+    state = read_checkpoint(root / "old")
+    del state["args"]["optimizer"]
+    torch.save(state, root / "old" / "ckpt.pt")
+    assert pretrain.main(run_args(root, "old", "--max-steps", "4", "--resume"))["args"]["optimizer"] == "adamw"
+    state["args"]["optimizer"] = "sgd"  # a checkpoint edited by hand
+    torch.save(state, root / "old" / "ckpt.pt")
+    with pytest.raises(SystemExit, match="names an optimizer this version does not have"):
+        pretrain.main(run_args(root, "old", "--max-steps", "6", "--resume"))
+
+
+@pytest.mark.parametrize("field, value, says", [
+    ("step", -3, "says it is at step -3"),
+    ("step", "5", "says it is at step '5'"),
+    ("elapsed", float("nan"), "after nan seconds"),
+    ("model", None, "holds non-finite weights"),
+])
+def test_a_checkpoint_no_run_saves_is_refused_on_resume_and_kept(root, field, value, says):
+    train(root, "r", "--max-steps", "2")
+    state = read_checkpoint(root / "r")
+    if field == "model":
+        state["model"]["wte.weight"][0, 0] = float("nan")
+    else:
+        state[field] = value
+    torch.save(state, root / "r" / "ckpt.pt")
+    before = (root / "r" / "ckpt.pt").read_bytes()
+    with pytest.raises(SystemExit, match=says):
+        pretrain.main(run_args(root, "r", "--max-steps", "4", "--resume"))
+    assert (root / "r" / "ckpt.pt").read_bytes() == before
+
+
+def test_a_resume_below_its_step_says_there_is_nothing_to_train(root, capsys):
+    train(root, "r", "--max-steps", "4")
+    out = pretrain.main(run_args(root, "r", "--max-steps", "2", "--resume"))
+    assert "is at step 4, past --max-steps 2: nothing to train" in capsys.readouterr().out and out["steps"] == 4

@@ -442,6 +442,15 @@ def test_it_listens_on_localhost_unless_told(server, checkpoints, data_dir):
     wide.server_close()
 
 
+@pytest.mark.parametrize("host", ["", "  "])
+def test_an_empty_host_is_refused_not_taken_for_every_address(checkpoints, data_dir, capsys, host):
+    """`--host "$HOST"` with the variable unset would otherwise listen on every address, as 0.0.0.0 does."""
+    with pytest.raises(SystemExit) as e:
+        serve.parser().parse_args([str(checkpoints / "tiny"), "--data-dir", str(data_dir), "--host", host])
+    assert e.value.code == 2 and capsys.readouterr().err.startswith(
+        "error: argument --host: is empty: give an address (127.0.0.1, the default; 0.0.0.0 to let other machines in)")
+
+
 def test_a_port_in_use_is_one_line(server):
     with pytest.raises(UserError, match=r"^error: cannot listen on 127.0.0.1:\d+ \(Address already in use\): pick "
                                         "another --port"):

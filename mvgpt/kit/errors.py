@@ -87,8 +87,16 @@ def probe(text: str, folder: Path) -> None:
         raise argparse.ArgumentTypeError(f"cannot write {text} ({e.strerror}): pick a writable path") from None
 
 
+def folder_name(text: str) -> str:
+    """A folder's name, not an empty one (which would quietly mean the current folder or a default)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty name: give a folder")
+    return text
+
+
 def writable_folder(text: str) -> str:
     """An output folder (there or to be made) we will be able to write in."""
+    folder_name(text)
     if Path(text).exists() and not Path(text).is_dir():
         raise argparse.ArgumentTypeError(f"{text} is a file: give a folder")
     probe(text, Path(text).absolute())

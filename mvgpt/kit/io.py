@@ -48,8 +48,11 @@ def remove_stale_temps(path: str | os.PathLike) -> list[Path]:
 
 @contextmanager
 def atomic_path(path: str | os.PathLike):
-    """Yield a temporary path beside `path`; on success it replaces `path` in one step."""
-    path = Path(path)
+    """Yield a temporary path beside `path`; on success it replaces `path` in one step. A symbolic link is
+    written through: its target is replaced, and the link stays a link."""
+    path = Path(os.path.realpath(path)) if Path(path).is_symlink() else Path(path)
+    if path.exists() and not path.is_file():  # a device, a pipe: nothing to replace in one step
+        raise UserError(f"{path} is not a file (a device or a pipe): give a file to write")
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
@@ -137,7 +140,8 @@ def load_state(file: Path, map_location: str | torch.device, what: str, fix: str
         raise CheckpointError(f"{what} {file} is damaged on disk ({damage[:120]}): {fix}")
     try:
         state = torch.load(file, map_location="cpu", weights_only=True)
-    except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError) as e:
+    except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError, IndexError,
+            KeyError, TypeError, AttributeError) as e:  # text or a torn pickle: the unpickler fails in many ways
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         if first.startswith("Weights only load failed"):  # torch's advice to unpickle anyway: not for us
             first = "not tensors and plain values only"

@@ -18,16 +18,18 @@ whose number the system has since given to another process, is recognised and ta
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from pathlib import Path
 
-from mvgpt.kit.errors import UserError, probe
+from mvgpt.kit.errors import UserError, probe, writable_folder
 from mvgpt.kit.io import pid_alive
 
 # ----------------------------------------------------------------------------------------------
 # What a folder holds, told by its files
 
 LOCK_NAME = "lock"
+PID_MAX = 2**22  # Linux's largest process number (/proc/sys/kernel/pid_max can be at most this)
 # the files that say what a folder is, and how a message names it
 KINDS = {
     "lora": "a LoRA run (adapter.pt)",
@@ -70,10 +72,21 @@ def holds(folder: str | os.PathLike) -> tuple[str, str] | None:
         return "export", KINDS["export"]
     if {"data", "checkpoints"} <= names:
         return "job", KINDS["job"]
-    if names == {"log.jsonl"}:
+    if names == {"log.jsonl"} and _run_log(folder / "log.jsonl"):
         return "log", KINDS["log"]
     shown = ", ".join(sorted(names)[:3]) + (", ..." if len(names) > 3 else "")
     return "files", f"files of its own ({shown})"
+
+
+def _run_log(path: Path) -> bool:
+    """Is this log.jsonl a run's (its first line a record with a step), not someone's file of that name?"""
+    try:
+        with open(path, encoding="utf-8") as f:
+            first = f.readline()
+        record = json.loads(first) if first.strip() else {}
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(record, dict) and (not first.strip() or "step" in record)
 
 
 def own_files(kind: str) -> set[str]:
@@ -96,12 +109,27 @@ def part_of(path: str | os.PathLike) -> str | None:
 def writable_file(text: str) -> str:
     """An output file we will be able to write, checked now rather than after the work; never one of
     a run's, an export's or the data's own files (a --json over data/meta.json would damage it)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty name: give a file name")
     if Path(text).is_dir():
         raise argparse.ArgumentTypeError(f"{text} is a folder: give a file name")
-    owner = part_of(text)
+    target = Path(os.path.realpath(text))  # a link is written through, to the file it names
+    if target.exists() and not target.is_file():
+        raise argparse.ArgumentTypeError(f"{text} is not a file (a device or a pipe): give a file name")
+    owner = part_of(target)
     if owner is not None:
         raise argparse.ArgumentTypeError(f"{text} is part of {owner}: pick another file")
-    probe(text, Path(text).absolute().parent)
+    probe(text, target.parent)
+    return text
+
+
+def tensorboard_folder(text: str) -> str:
+    """--runs-dir: a folder we can write, of TensorBoard's own: never a run's, the data's or an export's."""
+    writable_folder(text)
+    found = holds(text)
+    if found is not None and found[0] not in ("files", "job"):
+        raise argparse.ArgumentTypeError(f"{text} holds {found[1]}: give TensorBoard a folder of its own (runs, "
+                                         "the default)")
     return text
 
 
@@ -265,11 +293,16 @@ class RunLock:
         self.path.unlink(missing_ok=True)
 
     def _holder(self) -> tuple[int | None, str | None]:
+        """(pid, its start) the lock names; (None, None) for a lock that names no process: unreadable, or a
+        number no process can have (0 and -1 would name a group of processes, and always answer)."""
         try:
             parts = self.path.read_text().split()
-            return int(parts[0]), (parts[1] if len(parts) > 1 and parts[1] != "-" else None)
+            pid = int(parts[0])
         except (OSError, ValueError, IndexError):
             return None, None
+        if not 0 < pid <= PID_MAX:
+            return None, None
+        return pid, (parts[1] if len(parts) > 1 and parts[1] != "-" else None)
 
     def _tidy(self) -> None:
         """Leave no folder made for a run that was refused."""

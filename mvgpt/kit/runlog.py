@@ -142,6 +142,9 @@ class RunLog:
     def __init__(self, out_dir: Path, runs_dir: str | os.PathLike, step: int, total: int | None,
                  tags: dict[str, str] = TAGS, master: bool = True) -> None:
         self.master, self.path, self.tags = master, out_dir / "log.jsonl", tags
+        if master and os.path.realpath(Path(runs_dir) / out_dir.name) == os.path.realpath(out_dir):
+            raise UserError(f"--runs-dir {runs_dir} would put TensorBoard's files in the run folder {out_dir} itself: "
+                            "give TensorBoard a folder of its own (runs, the default)")
         self.scalars = Scalars(Path(runs_dir) / out_dir.name, purge_step=step + 1 if step else None) \
             if master else None
         self.bar = tqdm(total=total, initial=step, disable=None if master else True, unit="step", dynamic_ncols=True)

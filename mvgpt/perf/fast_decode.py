@@ -88,8 +88,8 @@ def run_compiler(command: list[str], name: str) -> subprocess.CompletedProcess:
     try:
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 start_new_session=True)  # a group of its own, to stop as one
-    except OSError as error:  # not there, not executable, not a program
-        raise RuntimeError(f"{name} could not be run ({error.strerror or error}): set CC to a C compiler, "
+    except OSError as error:  # not there, not executable, not a program: named as given, path and all
+        raise RuntimeError(f"{command[0]} could not be run ({error.strerror or error}): set CC to a C compiler, "
                            "or install one (cc, gcc or clang)") from None
     with proc:
         try:

@@ -29,6 +29,7 @@ from collections.abc import Callable
 
 import torch
 
+from mvgpt.kit.errors import number
 from mvgpt.perf.measure import cores_taken, cpu_ticks
 
 
@@ -38,6 +39,12 @@ def usable_cores() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
+
+
+def threads_arg(text: str) -> int:
+    """--threads: a whole number from 1 to the cores this process may use (more only wait for each other)."""
+    cores = usable_cores()
+    return number(int, lambda v: 1 <= v <= cores, f"a whole number from 1 to this machine's {cores} cores")(text)
 
 
 def fitting(cores: int, taken: float) -> int:
