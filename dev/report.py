@@ -1255,7 +1255,8 @@ def readme_expect(r: dict) -> str:
             f"over them.\n"
             f"- **The tokenizer.** Ours has {data['vocab_size']:,} tokens; the video's is not ours, so a loss per "
             f"token compares only roughly. Bits per byte, which `evaluate.py` prints too, does not depend on it.\n"
-            f"- **Milliseconds** belong to a machine. Compare the ratios: the sliding cache against the window.\n"
+            f"- **Milliseconds** belong to a machine. Compare the ratios; the AMD EPYC's cache ran the C step "
+            f"([why](docs/rope.md#intro)).\n"
             f"- **To get closer**, train longer (`--max-steps`) on more of TinyStories (online, the main job reads "
             f"300 MB), on a GPU if you have one.\n")
 

@@ -423,6 +423,9 @@ def test_what_a_folder_holds_and_who_may_write_it(tmp_path):
         with pytest.raises(UserError, match=re.escape(message)):
             claim(folder, kind, "--out-dir", **flags)
     claim(mine, "export", "OUT", overwrite=True)
+    (mine / "README.md").write_text("my notes")  # a name an export writes: the refusal says it would go
+    with pytest.raises(UserError, match=re.escape("write there anyway (it replaces their README.md)")):
+        claim(mine, "export", "OUT")
     with pytest.raises(UserError, match="is read as --init-from"):
         claim_file(run / "ckpt.pt", "OUT", reads={"--init-from": run / "ckpt.pt"})
     with pytest.raises(UserError, match="is part of a LoRA run"):

@@ -184,8 +184,10 @@ def claim(
     if what == "files":
         if overwrite:
             return
+        clash = sorted(_names(folder) & own_files(kind))  # what --overwrite would replace of the user's
+        replaces = f" (it replaces their {', '.join(clash)})" if clash else ""
         raise UserError(f"{folder} is not empty, it holds {desc}: pick a new or empty folder, or pass "
-                        f"{overwrite_flag} to write there anyway")
+                        f"{overwrite_flag} to write there anyway{replaces}")
     raise UserError(f"{folder} holds {desc}, not {KINDS.get(kind, kind)}: pick another folder "
                     f"({overwrite_flag} only replaces the same kind)")
 
