@@ -90,6 +90,10 @@ def read_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     state = load_state(file, map_location, "checkpoint", "use an earlier checkpoint or train again")
     if not isinstance(state, dict) or "model" not in state or "config" not in state:
         raise CheckpointError(f"{file} is not an mvGPT checkpoint (no model or config in it)")
+    # every reader (a model to load, a run to resume, a base to start from) refuses NaN or inf weights
+    if isinstance(state["model"], dict) and (bad := first_non_finite(state["model"])) is not None:
+        raise CheckpointError(f"checkpoint {file} holds non-finite weights ({bad}): it cannot be read; use an "
+                              "earlier checkpoint, or train again with a lower --lr")
     return state
 
 
@@ -165,9 +169,6 @@ def load_model(
     if not isinstance(state["model"], dict):
         raise CheckpointError(f"{checkpoint_path(path)} is not an mvGPT checkpoint (its model is not a dict)")
     check_fits(config, state["model"], checkpoint_path(path))
-    if (bad := first_non_finite(state["model"])) is not None:
-        raise CheckpointError(f"checkpoint {checkpoint_path(path)} holds non-finite weights ({bad}): it cannot be "
-                              "read; use an earlier checkpoint, or train again with a lower --lr")
     model = GPT(config)
     try:
         model.load_state_dict(state["model"])

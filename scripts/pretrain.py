@@ -76,7 +76,7 @@ from mvgpt.kit.errors import (
     seed,
     share,
 )
-from mvgpt.kit.io import first_non_finite, write_json
+from mvgpt.kit.io import write_json
 from mvgpt.kit.runfolder import RunLock, claim, claim_file, tensorboard_folder, writable_file
 from mvgpt.kit.runlog import RunLog, read_log
 from mvgpt.model import GPT, GPTConfig
@@ -336,10 +336,6 @@ def start_or_resume(
             or not math.isfinite(elapsed) or elapsed < 0:
         raise UserError(f"{checkpoint_path(out_dir)} says it is at step {step!r} after {elapsed!r} seconds, which "
                         "no run saves: use an earlier checkpoint, or start a new run with another --out-dir")
-    bad = first_non_finite(state["model"]) if isinstance(state["model"], dict) else None
-    if bad is not None:
-        raise UserError(f"{checkpoint_path(out_dir)} holds non-finite weights ({bad}): use an earlier checkpoint, or "
-                        "start a new run with another --out-dir")
     try:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
