@@ -166,6 +166,7 @@ def first_non_finite(tensors: dict[str, torch.Tensor]) -> str | None:
     """The name of the first tensor holding a NaN or an infinity (None when all are finite): weights
     like that read, write and export as nonsense, so a loader refuses them in one line."""
     for name, t in tensors.items():
-        if isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and not t.is_meta and \
+                not bool(torch.isfinite(t).all()):  # a meta tensor holds no values to check
             return name
     return None
