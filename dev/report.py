@@ -1123,7 +1123,7 @@ def pretrain_typed(r: dict) -> dict:
     name = EPISODE_RUNS["pretrain"]
     d = r[name]
     return {"pretrain-typed": head((name, {**d, "command": EPISODE_COMMANDS["pretrain"] + f" --json results/{name}"}))
-            + f"```text\n{pretrain_printed(d)}\n```\n"}
+            + f"```text\n{pretrain_printed(d)}\n```\n\n" + typed_range(r)}
 
 
 def typed_head(name: str, d: dict, command: str) -> str:
@@ -1153,7 +1153,9 @@ def episode_training(r: dict) -> dict:
     rows = [[RUNS[Path(n).name], f"{d['steps']:,}", f"{d['tokens_per_s']:,.0f}", f"{d['val_loss']:.4f}"]
             for n, d in runs.items()]
     steps = " and ".join(dict.fromkeys(f"{d['steps']:,}" for d in runs.values()))
-    return {"episode-training": head(*runs.items()) + f"{steps} steps each. The held-out loss is `pretrain.py`'s "
+    warmup = " and ".join(dict.fromkeys(f"{d['args']['warmup']:,}" for d in runs.values()))
+    return {"episode-training": head(*runs.items()) + f"{steps} steps each, as the main job picked them from this "
+            f"machine's speed, {warmup} of them to warm up. The held-out loss is `pretrain.py`'s "
             "own estimate at the last step, on its fixed held-out batches.\n\n"
             + table(["run", "steps", "tokens/s, median step", "held-out loss"], rows),
             "episode-loss.png": loss_figure(runs)}
@@ -1223,6 +1225,33 @@ def on_machine(spec: str, files: dict[str, str]) -> str:
     return spec
 
 
+# Every ten-minute rope run as typed (bf16, today's recipe) that we committed: the range a learner's run may land in
+TYPED_RUNS = ("ten-minutes/pretrain-rope.json", "amd-epyc/ten-minutes/pretrain-rope-as-typed-earlier.json",
+              EPISODE_RUNS["pretrain"])
+
+
+def typed_range(r: dict) -> str:
+    """One paragraph: the held-out loss of each committed ten-minute rope run as typed, with its machine and
+    speed, slowest first; the spread is the tokens seen, so the speed of the host on the day."""
+    names = [name for name in TYPED_RUNS if name in r]
+    runs = sorted((r[name] for name in names), key=lambda d: d["tokens_per_s"])
+    said = "; ".join(f"{d['val_loss']:.2f} at {d['tokens_per_s']:,.0f} tokens/s ({d['steps']:,} steps, "
+                     f"{cpu(d['machine']).split(' (')[0]})" for d in runs)
+    return (f"Ten minutes as typed, the rope run's held-out loss has been, over the {len(runs)} runs we committed "
+            f"({', '.join(f'`results/{n}`' for n in names)}): {said}. The loss follows the tokens a run sees, and "
+            "those follow the machine's speed that day: the hosts are shared, and one kind of machine can run "
+            "at twice the speed of another of its kind.\n")
+
+
+def typed_span(r: dict) -> str:
+    """typed_range in one sentence, for the README."""
+    runs = sorted((r[name] for name in TYPED_RUNS if name in r), key=lambda d: d["val_loss"])
+    speeds = sorted(d["tokens_per_s"] for d in runs)
+    return (f"Over the {len(runs)} such runs we committed, the loss ran from {runs[0]['val_loss']:.2f} to "
+            f"{runs[-1]['val_loss']:.2f}, as the host's speed that day ran from {speeds[0]:,.0f} to "
+            f"{speeds[-1]:,.0f} tokens/s ([each run](docs/rope.md#the-run)).\n")
+
+
 def readme_expect(r: dict) -> str:
     e, data = r["episode.json"], r["data.json"]
     figures = [f for f in e["figures"] if f.get("readme")]
@@ -1238,25 +1267,21 @@ def readme_expect(r: dict) -> str:
     tokens_seen = " and ".join(f"{ours(r, on_machine('ten-minutes/pretrain-rope.json::tokens', files)) / 1e6:.1f}M "
                                f"({machine.split(' (')[0]})" for machine, files in EXPECT_MACHINES.items())
     video_tokens = next(f["value"] for f in e["figures"] if f["ours"] == "ten-minutes/pretrain-rope.json::tokens")
-    passes = main_run["tokens"] / data["train"]["tokens"]
     return ("On the two 2-core CPUs we measured, both training in bf16 (the Intel's figures from "
             "`results/ten-minutes/`, `results/evaluate.json` and `results/context.json`; the AMD's from the "
             "blocks above):\n\n"
             + table(["figure", "the video (at)", *EXPECT_MACHINES], rows, "lr" + "r" * len(EXPECT_MACHINES))
             + f"\nThe first {first} `pretrain.py --rope` as typed; the rest, the main job's rope model "
-            f"(`--max-steps {main_steps[0]}` on the Intel; {main_steps[1]:,} steps, as the job chose, on the AMD). "
-            "The AMD's cache step ran in C.\n"
+            f"(`--max-steps {main_steps[0]}` on the Intel; {main_steps[1]:,} steps, as the job chose, on the AMD).\n"
+            + "\n" + typed_span(r)
             + f"\nWhy they differ, one line each:\n\n"
             f"- **The training.** The video's own figures put its rope run at about {video_tokens / 1e6:.1f}M "
-            f"tokens; ours saw {tokens_seen}. It names neither its machine nor its batch.\n"
+            f"tokens; ours saw {tokens_seen}.\n"
             f"- **The data.** Our runs read {data['train']['tokens'] / 1e6:.1f}M training tokens "
-            f"({data['train']['stories']:,} stories), a small part of TinyStories. A model's "
-            f"{main_run['tokens'] / 1e6:.1f}M tokens in {main_run['steps']:,} steps are about {passes:.1f} passes "
-            f"over them.\n"
+            f"({data['train']['stories']:,} stories), a small part of TinyStories.\n"
             f"- **The tokenizer.** Ours has {data['vocab_size']:,} tokens; the video's is not ours, so a loss per "
-            f"token compares only roughly. Bits per byte, which `evaluate.py` prints too, does not depend on it.\n"
-            f"- **Milliseconds** belong to a machine. Compare the ratios; the AMD EPYC's cache ran the C step "
-            f"([why](docs/rope.md#intro)).\n"
+            f"token compares only roughly. Bits per byte does not depend on it.\n"
+            f"- **Milliseconds** belong to a machine. Compare the ratios, each measured side by side in one run.\n"
             f"- **To get closer**, train longer (`--max-steps`) on more of TinyStories (online, the main job reads "
             f"300 MB), on a GPU if you have one.\n")
 
@@ -1333,7 +1358,7 @@ OUTPUTS: list[tuple[tuple[str, ...], tuple[str, ...], Callable[[dict], dict], tu
     ((), DECODE, decode, ("decode",)),
     ((), LIVE, live_overhead, ("live-overhead",)),
     ((), DECODE_PARTS, decode_parts, ("decode-parts",)),
-    ((EPISODE_RUNS["pretrain"],), (), pretrain_typed, ("pretrain-typed",)),
+    ((EPISODE_RUNS["pretrain"],), TYPED_RUNS[:2], pretrain_typed, ("pretrain-typed",)),
     (("episode.json", EPISODE_RUNS["context"]), (), episode_intro, ("episode-intro",)),
     (tuple(MAIN_JOB + n for n in RUNS), (), episode_training, ("episode-training", "episode-loss.png")),
     ((EPISODE_RUNS["evaluate"],), (), episode_evaluate, ("episode-evaluate",)),

@@ -136,10 +136,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     rows = []
     mixed = dtype != torch.float32
     width = name_width(name for name, _ in models)
+    for _, model in models:  # a --ctx no model can read is refused before the table starts
+        apply_context_args(model, args)
     print(header(width, mixed))
     t0 = time.perf_counter()
     for name, model in models:
-        apply_context_args(model, args)
         row = {"model": name, "params": model.num_params(), "context": model.context,
                "rope_scaling": args.rope_scaling, "dtype": dtype_name(dtype)}
         row.update(evaluate(model, val, device, args.tokens, args.batch_size, dtype, token_bytes))

@@ -38,7 +38,15 @@ import time
 from pathlib import Path
 
 from mvgpt.checkpoint import checkpoint_path, read_checkpoint
-from mvgpt.data import SOURCE_ENV, data_tokenizer_hash, prepared_for, read_meta, source_arg, source_fingerprint
+from mvgpt.data import (
+    SOURCE_ENV,
+    data_tokenizer_hash,
+    prepared_for,
+    read_meta,
+    source_arg,
+    source_files,
+    source_fingerprint,
+)
 from mvgpt.device import machine, pick_device
 from mvgpt.extension.rope_scaling import SCALING_METHODS
 from mvgpt.kit.errors import ArgumentParser, UserError, positive_int, run_main, writable_folder
@@ -257,6 +265,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="prepare the data, measure this machine and print the plan, then stop: how long the job "
                         "would take here")
     args = p.parse_args(argv)
+    if args.source:
+        source_files(args.source)  # a source that is not there: said now, before any step starts
     pick_device(args.device)  # a device this machine lacks: said now, before the data is prepared
     started = time.perf_counter()
     # SIGTERM between the steps (measuring the machine, say) ends the job as Ctrl-C does: one line, and the

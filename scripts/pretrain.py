@@ -78,7 +78,7 @@ from mvgpt.kit.errors import (
 )
 from mvgpt.kit.io import write_json
 from mvgpt.kit.runfolder import RunLock, claim, claim_file, tensorboard_folder, writable_file
-from mvgpt.kit.runlog import RunLog, read_log
+from mvgpt.kit.runlog import RunLog, check_runs_dir, read_log
 from mvgpt.model import GPT, GPTConfig
 from mvgpt.perf.cpu_attention import batch_attention_where_it_pays
 from mvgpt.perf.measure import compile_pays, tune_malloc
@@ -543,6 +543,7 @@ def main(argv: list[str] | None = None) -> dict:
         args.optimizer = optimizer_of(args, state, out_dir)
         optimizer = configure_optimizer(model, args.lr, args.weight_decay, device, muon=args.optimizer == "muon")
         step, elapsed, records = start_or_resume(args, out_dir, model, optimizer, state, master)
+        check_runs_dir(out_dir, args.runs_dir)  # before the first line: a refusal is the only line
         if master and args.max_steps and step > args.max_steps:  # said, not taken as a wish to go back
             print(f"{out_dir} is at step {step}, past --max-steps {args.max_steps}: nothing to train (its summary "
                   "follows)")

@@ -47,7 +47,7 @@ from context import LOSS_METHODS
 from mvgpt.checkpoint import CHECKPOINT_NAME, find_model, load_source, model_arg
 from mvgpt.data import DATA_DIR, data_tokenizer_hash, load_tokens, prepared_data, windows
 from mvgpt.device import pick_device
-from mvgpt.kit.errors import ArgumentParser, UserError, at_least, number, run_main
+from mvgpt.kit.errors import ArgumentParser, UserError, number, run_main
 from mvgpt.live import views as live
 from mvgpt.live.views import Limits, LiveError, sse
 from mvgpt.model import GPT
@@ -65,6 +65,8 @@ HOST = re.compile(r"(?:\[(?P<v6>[0-9A-Fa-f:.]+(?:%[\w.~-]+)?)\]|(?P<name>[\w.~!$
 # takes each event as it comes, so no write waits long: one that waits this long has no reader. The
 # same bound applies to a connection that opens and sends no request (a browser's preconnect, say).
 SEND_TIMEOUT = 20.0  # seconds
+# a page asking for more keeps a model for hours (~100 tokens/s): a bound the operator can read
+MAX_TOKENS = number(int, lambda v: 1 <= v <= 100_000, "a whole number from 1 to 100,000")
 # The page loads its own files and nothing else: a CDN link slipped in would fail here too, not only offline.
 port_number = number(int, lambda v: 0 <= v <= 65535, "a whole number from 0 to 65535")
 SECURITY = {"Content-Security-Policy": "default-src 'self'", "X-Content-Type-Options": "nosniff"}
@@ -521,7 +523,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=port_number, default=8000, help="0: any free port")
     p.add_argument("--host", type=host_arg, default="127.0.0.1",
                    help="the address to listen on (default: this machine only, as ::1 is; 0.0.0.0 lets others in)")
-    p.add_argument("--max-tokens", type=at_least(1), default=1024, help="the most tokens a page may ask for")
+    p.add_argument("--max-tokens", type=MAX_TOKENS, default=1024, help="the most tokens a page may ask for")
     p.add_argument("--data-dir", type=prepared_data, default=str(DATA_DIR),
                    help="the tokenizer and the held-out tokens")
     p.add_argument("--device", help="cpu, cuda, mps (default: the best present)")

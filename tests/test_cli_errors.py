@@ -120,6 +120,8 @@ CASES: list[Case] = [
     Case("evaluate", "other-tokenizer.pt", "was trained with tokenizer 0123456789abcdef"),
     Case("evaluate", "crafted.pt", "which no model can have", "a crafted config"),
     Case("evaluate", "huge.pt", "GiB", "a config that asks for terabytes"),
+    Case("evaluate", "checkpoints/pretrain-rope --ctx 100000000", "give a smaller --ctx",
+         "a window no memory holds, before the table"),
     Case("evaluate", "checkpoints/pretrain --json notes.txt/eval.json", "notes.txt is a file, not a folder"),
     Case("evaluate", "checkpoints/pretrain --data-dir missing", "no complete prepared data in missing"),
     Case("evaluate", "checkpoints/pretrain --ctx 0", "--ctx: 0 is out of range"),
@@ -219,7 +221,7 @@ CASES: list[Case] = [
     Case("main", "--max-steps 0", "--max-steps: 0 is out of range"),
     Case("main", "--finetune-steps -1", "--finetune-steps: -1 is out of range"),
     Case("main", "--out notes.txt", "notes.txt is a file: give a folder"),
-    Case("main", "--source missing --out job", "source missing does not exist", "the first step's error, said once"),
+    Case("main", "--source missing --out job", "source missing does not exist", "said before any step starts"),
 ]
 
 
@@ -309,6 +311,7 @@ def run_case(case: Case, world: Path) -> dict:
         "command": case.command,
         "code": code,
         "stderr": err.read_text(errors="replace"),
+        "stdout": out.read_text(errors="replace"),
         "changed": sorted(k for k in before if before[k] != after.get(k)),
         "new": sorted(after.keys() - before.keys()),
     }
@@ -353,6 +356,7 @@ def test_bad_input_is_one_line_a_nonzero_exit_and_nothing_lost(outcomes, i):
     lines = got["stderr"].splitlines()
     assert "Traceback" not in got["stderr"], got["stderr"]
     assert got["code"] != 0 and len(lines) == 1, got
+    assert got["stdout"] == "", got  # nothing before the refusal: no table header, no first line of a run
     assert case.expect in lines[0], lines[0]
     assert got["changed"] == [] and got["new"] == [], got
 

@@ -7,8 +7,10 @@ from conftest import tiny_config
 from mvgpt.perf import plan
 from mvgpt.perf.flops import forward_flops, training_flops_per_token
 from mvgpt.perf.plan import (
+    LORA_OVERHEAD,
     PROCESS_S,
     REPORT_S,
+    SAMPLING_OVERHEAD,
     SAVE_S,
     Job,
     Progress,
@@ -22,7 +24,7 @@ from mvgpt.perf.plan import (
 
 def rates(**overrides) -> Rates:
     r = Rates(step_s={"learned": 2.0, "rope": 2.5}, compile_s={"learned": 40.0, "rope": 60.0},
-              eager_step_s={"auto": 3.0, "float32": 3.0}, eval_s=0.5, eval_float32_s=0.5, window_s=0.06,
+              eager_step_s={"auto": 3.0}, eval_s=0.5, eval_float32_s=0.5, window_s=0.06,
               token_s=0.008, seconds=90.0)
     for k, v in overrides.items():
         setattr(r, k, v)
@@ -77,7 +79,7 @@ def test_measure_times_each_kind_once_a_round_keeps_the_median_and_the_first_cal
     assert len(names) == len(first) and clock.calls == len(clock.stamps)  # every call timed, nothing else read
     assert r.step_s == {"learned": 1.0, "rope": 2.0} and r.compile_s == {"learned": 4.0, "rope": 7.0}
     assert r.spread == 8.0  # the burst shows, and is not the rate
-    assert r.eager_step_s == {"auto": 1.5, "float32": 1.5}
+    assert r.eager_step_s == {"auto": 1.5}
     assert (r.eval_s, r.eval_float32_s, r.window_s, r.token_s) == (0.25, 0.25, 0.0625, 2**-7)
     peak = 2 * 512**3 / 2**-9
     assert r.share_of_peak == 2 * 16 * training_flops_per_token(tiny_config()) / 1.0 / peak
@@ -146,6 +148,9 @@ def test_each_stage_is_its_work_at_the_measured_rates():
     assert plan_["sweep"].what == f"{14 * chunks:,} tokens"
     # sinks: 4 streams of 1024 through three caches, and the window re-run past the first window
     assert plan_["sinks"].seconds == pytest.approx(PROCESS_S + 4 * (3 * 1023 * 0.008 + 768 * 0.06))
+    # LoRA: 150 eager steps of 8 x 256 in the run's dtype (half the measured batch), 48 stories, 16 evaluations
+    assert plan_["LoRA fine-tune"].seconds == pytest.approx(
+        PROCESS_S + 150 * LORA_OVERHEAD * 3.0 / 2 + 2 * 24 * 160 * SAMPLING_OVERHEAD * 0.008 + 2 * 8 * 0.5)
     assert plan_["report"].seconds == REPORT_S
     # float32 runs read each model once; done and up-to-date stages take nothing
     again = Job(steps=200, val_tokens=273_465, mixed=False, config=c, done={"pretrain (learned)": 200,
@@ -182,8 +187,10 @@ def test_the_plan_prints_each_stage_and_the_total_then_the_time_left_after_each(
     assert said[2] == "\n[evaluate: 1.0 min (planned 2.0 min); about 0.5 min left, 13.0 min so far]"
     assert math.isclose(progress.total, 750.0)
     assert progress.summary() == {"planned_s": 840.0, "took_s": 780.0, "stages": [
-        {"stage": "pretrain (learned)", "planned_s": 600.0, "took_s": 630.0, "other_cores": 0.0},
-        {"stage": "evaluate", "planned_s": 120.0, "took_s": 60.0, "other_cores": 0.0}]}
+        {"stage": "pretrain (learned)", "planned_s": 600.0, "took_s": 630.0, "other_cores": 0.0,
+         "left_s": pytest.approx(150.0 * 1.05)},
+        {"stage": "evaluate", "planned_s": 120.0, "took_s": 60.0, "other_cores": 0.0,
+         "left_s": pytest.approx(30.0 * 690 / 720)}]}
 
 
 def test_a_plan_measured_in_a_busy_moment_is_planned_again_from_what_its_first_stage_took():

@@ -413,7 +413,8 @@ def test_episode_training_evaluate_and_context_tables_come_from_the_one_run_set(
     assert training.startswith("From `results/amd-epyc/main-job-default/pretrain.json` (made by `python "
                                "scripts/pretrain.py --minutes 10`), `results/amd-epyc/main-job-default/pretrain-rope"
                                ".json` (made by `python scripts/pretrain.py --rope --minutes 10`)")
-    assert "Machine: " + AMD + "\n\n825 steps each. The held-out loss is `pretrain.py`'s own estimate" in training
+    assert ("Machine: " + AMD + "\n\n825 steps each, as the main job picked them from this machine's speed, 100 of "
+            "them to warm up. The held-out loss is `pretrain.py`'s own estimate") in training
     assert rows_of(training)[1:] == [["learned positions", "825", f"{825 * 4096 / 600.5:,.0f}", "2.3750"],
                                      ["rotary embeddings", "825", f"{825 * 4096 / 600.5:,.0f}", "2.2500"]]
     assert callable(figures["episode-loss.png"]) and callable(figures["episode-context-loss.png"])
@@ -721,7 +722,7 @@ def test_readme_blocks_show_the_lines_the_scripts_print(data_dir, tmp_path, caps
     assert report.context_printed(json.loads((tmp_path / "c.json").read_text())) + "\n" in printed
 
 
-def test_readme_blocks_name_their_files_machines_and_the_passes_over_the_data(results):
+def test_readme_blocks_name_their_files_machines_and_the_data(results):
     (results / "data.json").write_text(json.dumps(
         {"vocab_size": 512, "train": {"stories": 10, "tokens": 2_048_000}, "held_out": {"stories": 2, "tokens": 9}}))
     amd = "AMD EPYC (AVX512), 2 threads of 2 cores, torch x, cpu"
@@ -741,8 +742,12 @@ def test_readme_blocks_name_their_files_machines_and_the_passes_over_the_data(re
     r = report.load_all(results)
     assert set(r) >= {"ten-minutes/pretrain-rope.json", "episode.json", "data.json"}
     expect = report.readme_expect(r)
-    assert f"A model's {1178 * 4096 / 1e6:.1f}M tokens in 1,178 steps are about {1178 * 4096 / 2_048_000:.1f} passes" \
-        in expect and "Our runs read 2.0M training tokens (10 stories)" in expect
+    assert "Our runs read 2.0M training tokens (10 stories), a small part of TinyStories.\n" in expect
+    typed = [r[name] for name in report.TYPED_RUNS if name in r]  # the spread of the runs as typed, in one line
+    losses, speeds = sorted(d["val_loss"] for d in typed), sorted(d["tokens_per_s"] for d in typed)
+    assert len(typed) == 2 and (f"Over the 2 such runs we committed, the loss ran from {losses[0]:.2f} to "
+                                f"{losses[1]:.2f}, as the host's speed that day ran from {speeds[0]:,.0f} to "
+                                f"{speeds[1]:,.0f} tokens/s") in expect
     assert "ours saw 2.7M (Intel Xeon) and 2.5M (AMD EPYC)." in expect  # 650 and 600 steps of 4,096 tokens
     assert "The first row is `pretrain.py --rope` as typed; the rest, the main job's rope model (`--max-steps 1178` " \
         "on the Intel; 825 steps, as the job chose, on the AMD)." in expect

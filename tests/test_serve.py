@@ -485,6 +485,7 @@ def test_a_machine_without_ipv6_or_a_low_port_is_one_line(errno_, port, fix):
 @pytest.mark.parametrize("argv, message", [
     (["--port", "70000"], "--port: 70000 is out of range: give a whole number from 0 to 65535"),
     (["--max-tokens", "0"], "--max-tokens: 0 is out of range"),
+    (["--max-tokens", "1000000"], "--max-tokens: 1000000 is out of range: give a whole number from 1 to 100,000"),
 ])
 def test_bad_flags_are_one_line(checkpoints, argv, message, capsys):
     with pytest.raises(SystemExit) as e:

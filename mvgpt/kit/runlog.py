@@ -135,6 +135,13 @@ TAGS = {"loss": "loss/train", "grad_norm": "grad_norm", "lr": "lr", "tokens_per_
         "val_loss": "loss/held_out"}
 
 
+def check_runs_dir(out_dir: Path, runs_dir: str | os.PathLike) -> None:
+    """A one-line error where TensorBoard's folder for the run would be the run folder itself."""
+    if os.path.realpath(Path(runs_dir) / out_dir.name) == os.path.realpath(out_dir):
+        raise UserError(f"--runs-dir {runs_dir} would put TensorBoard's files in the run folder {out_dir} itself: "
+                        "give TensorBoard a folder of its own (runs, the default)")
+
+
 class RunLog:
     """log.jsonl (one record a step), TensorBoard scalars (`tags`: a record's keys and their tags) and
     the tqdm bar, written by rank 0 only (`master`); `say` writes a line above the bar."""
@@ -142,9 +149,8 @@ class RunLog:
     def __init__(self, out_dir: Path, runs_dir: str | os.PathLike, step: int, total: int | None,
                  tags: dict[str, str] = TAGS, master: bool = True) -> None:
         self.master, self.path, self.tags = master, out_dir / "log.jsonl", tags
-        if master and os.path.realpath(Path(runs_dir) / out_dir.name) == os.path.realpath(out_dir):
-            raise UserError(f"--runs-dir {runs_dir} would put TensorBoard's files in the run folder {out_dir} itself: "
-                            "give TensorBoard a folder of its own (runs, the default)")
+        if master:
+            check_runs_dir(out_dir, runs_dir)
         self.scalars = Scalars(Path(runs_dir) / out_dir.name, purge_step=step + 1 if step else None) \
             if master else None
         self.bar = tqdm(total=total, initial=step, disable=None if master else True, unit="step", dynamic_ncols=True)

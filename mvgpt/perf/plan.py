@@ -41,8 +41,8 @@ MAX_STEPS = 1000  # the committed runs' count: the default never trains more
 STEP_ROUND = 25  # steps come in multiples of pretrain.py's --eval-every and --ckpt-every
 PROCESS_S = 8.0  # a script's start: Python, torch, the checkpoints, the data
 SAVE_S = 0.5  # a checkpoint (the weights and AdamW's state, 166 MB), written and renamed
-REPORT_S = 30.0  # dev/report.py: the docs' tables and figures
-LORA_OVERHEAD = 1.25  # a LoRA step over a full float32 step of its batch (1.18 and 1.34 on the two CPUs measured)
+REPORT_S = 10.0  # dev/report.py: the docs' tables and figures (3 and 5 s in the AMD EPYC's two main jobs)
+LORA_OVERHEAD = 1.25  # a LoRA step over a full eager step of its batch (1.18 and 1.34 on the two CPUs measured)
 SAMPLING_OVERHEAD = 1.3  # a sampled token with LoRA's adapters over a cached step (the AMD: 57 s for ~6,700 tokens)
 DYNAMIC_OVERHEAD = 2.0  # dynamic NTK's cached step turns every held key on: about twice a cached step
 
@@ -62,7 +62,7 @@ class Rates:
 
     step_s: dict[str, float] = field(default_factory=dict)  # {kind: a pretraining step, as pretrain.py takes it}
     compile_s: dict[str, float] = field(default_factory=dict)  # {kind: what its first step takes more (compiling)}
-    eager_step_s: dict[str, float] = field(default_factory=dict)  # {"float32", "auto"}: the rope step, eager
+    eager_step_s: dict[str, float] = field(default_factory=dict)  # {"auto": the rope step, eager, in the run's dtype}
     eval_s: float = 0.0  # a forward of 8 x 256, all logits, no gradients, in the run's dtype
     eval_float32_s: float = 0.0  # the same in float32 (evaluate's comparison, the long-context scripts)
     window_s: float = 0.0  # a float32 forward of one window with the last place's logits (context.py's re-run)
@@ -134,12 +134,9 @@ def measure(learned: GPTConfig, rope: GPTConfig, device: torch.device, dtype: to
             torch.manual_seed(0)
             trained = GPT(config).to(device)
             work[kind] = step_fn(trained, torch.compile(trained) if compile else trained, dtype)
-        for name, step_dtype in (("auto", dtype), ("float32", torch.float32)):
-            if name == "float32" and dtype == torch.float32:
-                continue  # the same step as auto's
-            torch.manual_seed(0)
-            eager = GPT(rope).to(device)
-            work[f"eager {name}"] = step_fn(eager, eager, step_dtype)
+        torch.manual_seed(0)  # the fine-tunes' step: eager, in the run's dtype
+        eager = GPT(rope).to(device)
+        work["eager auto"] = step_fn(eager, eager, dtype)
     torch.manual_seed(0)
     model = GPT(rope).to(device).eval()  # as the measuring scripts load it: float32, PyTorch's attention
     cache = KVCache(rope, 1, device=device)
@@ -174,7 +171,7 @@ def measure(learned: GPTConfig, rope: GPTConfig, device: torch.device, dtype: to
         for kind in ("learned", "rope"):
             rates.step_s[kind] = rate[kind]
             rates.compile_s[kind] = max(0.0, first[kind] - rate[kind])
-        rates.eager_step_s = {"auto": rate["eager auto"], "float32": rate.get("eager float32", rate["eager auto"])}
+        rates.eager_step_s = {"auto": rate["eager auto"]}
         peak = 2 * n**3 / min(samples["peak"])  # a ceiling: the best the machine gave
         rates.share_of_peak = batch_size * T * training_flops_per_token(learned) / rate["learned"] / peak
         rates.spread = max(samples["learned"]) / rate["learned"]
@@ -277,8 +274,8 @@ def stages(rates: Rates, job: Job) -> list[Stage]:
 
     if job.lora and "LoRA fine-tune" in job.skipped:
         out.append(Stage("LoRA fine-tune", 0.0))
-    elif job.lora:  # finetune.py: 150 float32 steps of 8 x 256, then 24 stories of 160 tokens by each model
-        seconds = (job.lora_steps * LORA_OVERHEAD * rates.eager_step_s["float32"] / 2
+    elif job.lora:  # finetune.py: 150 steps of 8 x 256 in the run's dtype, then 24 stories of 160 tokens by each model
+        seconds = (job.lora_steps * LORA_OVERHEAD * rates.eager_step_s["auto"] / 2
                    + 2 * 24 * 160 * SAMPLING_OVERHEAD * rates.token_s + 2 * 8 * rates.eval_float32_s)
         out.append(Stage("LoRA fine-tune", PROCESS_S + seconds, f"{job.lora_steps} steps, 48 stories"))
     if job.report:
@@ -384,6 +381,7 @@ class Progress:
         if timed:
             self.pace = sum(t["took_s"] for t in timed) / sum(t["planned_s"] for t in timed)
         left = sum(self.left.values()) * self.pace
+        self.took[-1]["left_s"] = left  # the estimate of the rest, said after this stage
         notes = []
         if planned > 0 and took > SLOWER * planned and took - planned > 30:
             notes.append(f"{name} took {took / planned:.1f}x its plan" + (
