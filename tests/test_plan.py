@@ -222,3 +222,10 @@ def test_a_stage_far_slower_than_planned_is_said_with_what_other_programs_took_m
     progress.done("pretrain (rope)")
     assert said[-1].startswith("\n[pretrain (rope): 11.7 min (planned 5.0 min); pretrain (rope) took 2.3x its plan: "
                                "other programs kept 1.2 cores busy meanwhile; ")
+
+
+def test_the_rates_line_names_the_steps_only_where_they_were_measured():
+    assert rates().line() == ("measured in 90 s: a pretraining step 2.00 s / 2.50 s (learned / rope), its first "
+                              "40 s / 60 s more; a float32 window re-run 60 ms, a cached step 8.0 ms")
+    nothing_to_train = rates(step_s={}, compile_s={})  # measure(training=False): the steps are not timed
+    assert nothing_to_train.line() == "measured in 90 s: a float32 window re-run 60 ms, a cached step 8.0 ms"

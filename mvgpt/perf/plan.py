@@ -75,9 +75,9 @@ class Rates:
     def line(self) -> str:
         kinds = " / ".join(f"{self.step_s[k]:.2f} s" for k in self.step_s)
         compiling = " / ".join(f"{self.compile_s[k]:.0f} s" for k in self.compile_s)
-        return (f"measured in {self.seconds:.0f} s: a pretraining step {kinds} (learned / rope), its first "
-                f"{compiling} more; a float32 window re-run {1e3 * self.window_s:.0f} ms, a cached step "
-                f"{1e3 * self.token_s:.1f} ms")
+        steps = f"a pretraining step {kinds} (learned / rope), its first {compiling} more; " if self.step_s else ""
+        return (f"measured in {self.seconds:.0f} s: {steps}a float32 window re-run {1e3 * self.window_s:.0f} ms, "
+                f"a cached step {1e3 * self.token_s:.1f} ms")
 
     def busy(self) -> str | None:
         """Why the figures look like a busy machine's, in a few words; None when they look like its own."""
