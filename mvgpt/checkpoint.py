@@ -163,7 +163,7 @@ def load_model(
         )
     config = config_from_dict(state["config"])
     vocab = tokenizer_vocab(tokenizer_hash)  # the data's token ids, where this process read the data
-    if saved is None and vocab is not None and config.vocab_size < vocab:
+    if vocab is not None and config.vocab_size != vocab:  # ids past the tokenizer's, or tokens past the table
         raise CheckpointError(f"checkpoint {checkpoint_path(path)} reads {config.vocab_size} token ids, but the data's "
                               f"tokenizer makes {vocab}: pass the --data-dir it was trained with")
     if not isinstance(state["model"], dict):

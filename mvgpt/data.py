@@ -77,6 +77,9 @@ def source_files(source: str | os.PathLike) -> list[Path]:
     if not path.exists():
         raise DataError(f"source {path} does not exist: pass --source a TinyStories file or folder")
     if not path.is_dir():
+        if not path.is_file():  # a pipe is read once and may never end; the source is read twice
+            raise DataError(f"source {path} is not a regular file (a pipe or a device): save the text to a file "
+                            "and pass that")
         return [path]
     files = [path / "train.txt", path / "valid.txt"]
     for f in files:

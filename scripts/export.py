@@ -39,10 +39,18 @@ from mvgpt.kit.runfolder import claim, claim_file
 from mvgpt.tokenizer import Tokenizer
 
 
+def out_name(text: str) -> str:
+    """OUT, never empty: an empty name (an unset variable) would write into the current folder."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty name: give the folder to write (--format gguf: the .gguf file)")
+    return text
+
+
 def main(argv: list[str] | None = None) -> Path:
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", type=checkpoint_arg, help="run folder or checkpoint file")
-    p.add_argument("outdir", help="folder to write the transformers model into (--format gguf: the .gguf file)")
+    p.add_argument("outdir", type=out_name,
+                   help="folder to write the transformers model into (--format gguf: the .gguf file)")
     p.add_argument("--format", choices=("hf", "gguf"), default="hf",
                    help="hf: a transformers folder (default); gguf: one file for llama.cpp")
     p.add_argument("--f16", action="store_true", help="gguf: matrices in float16 (default float32)")

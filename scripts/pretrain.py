@@ -224,7 +224,7 @@ def check_tokenizer(state: dict, tok_hash: str | None, path: str | Path) -> None
         raise UserError(f"{path} was trained with tokenizer {saved}, but the data has {tok_hash}: "
                         "pass the --data-dir it was trained on")
     held = (state.get("config") or {}).get("vocab_size") if isinstance(state.get("config"), dict) else None
-    if saved is None and vocab is not None and isinstance(held, int) and held < vocab:
+    if vocab is not None and isinstance(held, int) and held != vocab:  # ids past the tokenizer's, or past the table
         raise UserError(f"{path} reads {held} token ids, but the data's tokenizer makes {vocab}: pass the "
                         "--data-dir it was trained on")
 

@@ -430,6 +430,7 @@ class LiveServer(ThreadingHTTPServer):
     abort the process ("terminate called without an active exception"), so none is left behind."""
 
     daemon_threads = False  # server_close() joins every request's thread
+    request_queue_size = 128  # connections waiting to be accepted: socketserver's 5 resets a burst of page loads
 
     def __init__(self, address: tuple, handler: type[Handler], family: int = socket.AF_INET) -> None:
         self.address_family = family  # read by TCPServer's __init__: AF_INET6 for an IPv6 address

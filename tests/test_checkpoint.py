@@ -220,13 +220,17 @@ def test_a_checkpoint_with_a_non_finite_weight_is_refused_in_one_line(tmp_path):
                             "with a lower --lr")
 
 
-def test_a_checkpoint_with_no_tokenizer_hash_and_a_smaller_vocabulary_than_the_data_is_one_line(data_dir, tmp_path):
+@pytest.mark.parametrize("vocab, hashed", [(64, False), (400, False), (64, True)])
+def test_a_checkpoint_whose_vocabulary_is_not_the_datas_is_one_line(data_dir, tmp_path, vocab, hashed):
+    """Fewer ids: the data's tokens index past the table. More: sampling writes ids no tokenizer decodes.
+    A crafted checkpoint can even record the data's tokenizer hash with another vocabulary."""
     from mvgpt.data import data_tokenizer_hash
 
-    save_checkpoint(tmp_path / "old", tiny_model(vocab_size=64), step=1)  # no tokenizer hash recorded
+    tok_hash = data_tokenizer_hash(data_dir)
+    save_checkpoint(tmp_path / "old", tiny_model(vocab_size=vocab), step=1, tokenizer_hash=tok_hash if hashed else None)
     with pytest.raises(SystemExit) as e:
-        load_model(tmp_path / "old", "cpu", data_tokenizer_hash(data_dir))
-    assert e.value.code == (f"error: checkpoint {tmp_path / 'old' / 'ckpt.pt'} reads 64 token ids, but the data's "
-                            "tokenizer makes 300: pass the --data-dir it was trained with")
-    save_checkpoint(tmp_path / "wide", tiny_model(vocab_size=400), step=1)  # more ids than the data: reads fine
-    assert load_model(tmp_path / "wide", "cpu", data_tokenizer_hash(data_dir))[0].config.vocab_size == 400
+        load_model(tmp_path / "old", "cpu", tok_hash)
+    assert e.value.code == (f"error: checkpoint {tmp_path / 'old' / 'ckpt.pt'} reads {vocab} token ids, but the "
+                            "data's tokenizer makes 300: pass the --data-dir it was trained with")
+    save_checkpoint(tmp_path / "same", tiny_model(vocab_size=300), step=1)  # the data's vocabulary: reads
+    assert load_model(tmp_path / "same", "cpu", tok_hash)[0].config.vocab_size == 300

@@ -64,6 +64,7 @@ CASES: list[Case] = [
     Case("prepare", "--source stories --data-dir notes.txt", "notes.txt is a file: give a folder"),
     Case("prepare", "--source stories --json notes.txt/counts.json", "notes.txt is a file, not a folder"),
     Case("prepare", "--source missing", "source missing does not exist"),
+    Case("prepare", "--source pipe", "source pipe is not a regular file", "a named pipe: no hang"),
     Case("prepare", "--source latin1.txt", "is not UTF-8 text", "a source in another encoding"),
     Case("prepare", "--source notes.txt", "no <|endoftext|> separators"),
     Case("prepare", "--source ''", "argument --source: is empty", "an unset variable ($SOURCE)"),
@@ -122,6 +123,10 @@ CASES: list[Case] = [
     Case("evaluate", "huge.pt", "GiB", "a config that asks for terabytes"),
     Case("evaluate", "checkpoints/pretrain-rope --ctx 100000000", "give a smaller --ctx",
          "a window no memory holds, before the table"),
+    Case("evaluate", "checkpoints/pretrain --json notes.txt", "notes.txt is there already and is not JSON",
+         "a user's file as the summary"),
+    Case("evaluate", "wide.pt", "reads 512 token ids, but the data's tokenizer makes 300",
+         "a checkpoint with more token ids than the tokenizer"),
     Case("evaluate", "checkpoints/pretrain --json notes.txt/eval.json", "notes.txt is a file, not a folder"),
     Case("evaluate", "checkpoints/pretrain --data-dir missing", "no complete prepared data in missing"),
     Case("evaluate", "checkpoints/pretrain --ctx 0", "--ctx: 0 is out of range"),
@@ -143,6 +148,7 @@ CASES: list[Case] = [
     Case("sample", "checkpoints/missing", "no checkpoint at checkpoints/missing: train one"),
     Case("sample", "corrupt.pt", "truncated or corrupt"),
     Case("sample", "text.pt", "truncated or corrupt"),
+    Case("sample", "wide.pt", "reads 512 token ids", "ids the tokenizer cannot decode"),
     Case("sample", "checkpoints/pretrain-rope --ctx 100000000", "give a smaller --ctx", "a window no memory holds"),
     Case("sample", "other-tokenizer.pt", "was trained with tokenizer 0123456789abcdef"),
     Case("sample", "checkpoints/pretrain --adapter notes.txt", "notes.txt"),
@@ -176,6 +182,8 @@ CASES: list[Case] = [
     # export and export_check
     Case("export", "checkpoints/pretrain exports/mine", "exports/mine is not empty", "the user's own README.md"),
     Case("export", "checkpoints/pretrain notes.txt --format gguf", "notes.txt is there already"),
+    Case("export", "checkpoints/pretrain ''", "an empty name: give the folder to write",
+         "an unset variable, which would write into the current folder"),
     Case("export", "checkpoints/pretrain exports/new --ctx 0", "--ctx: 0 is out of range"),
     Case("export", "checkpoints/pretrain exports/new --rope-scaling linear --rope-factor -2",
          "--rope-factor: -2 is out of range"),
@@ -257,6 +265,8 @@ def make_world(root: Path) -> Path:
     (root / "checkpoints" / "busy" / "lock").write_text(str(os.getpid()))  # this process: alive all along
     (root / "latin1.txt").write_bytes("Zoë saw a café.\n<|endoftext|>\nTom too.\n<|endoftext|>\n".encode("latin-1"))
     (root / "notes.txt").write_text("a file of the user's, not a folder\n")
+    save_checkpoint(root / "wide.pt", GPT(tiny_config(vocab_size=512)))  # no tokenizer hash, more ids than the data
+    os.mkfifo(root / "pipe")  # a source that is not a file: read once, maybe never ending
     (root / "exports" / "mine").mkdir(parents=True)
     (root / "exports" / "mine" / "README.md").write_text("my own notes\n")
     return root

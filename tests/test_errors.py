@@ -49,8 +49,11 @@ def test_writable_paths_are_checked_without_leaving_anything(tmp_path):
     out = str(tmp_path / "new" / "deeper" / "out.json")
     assert runfolder.writable_file(out) == out
     assert errors.writable_folder(str(tmp_path / "made" / "later")) == str(tmp_path / "made/later")
-    assert runfolder.writable_file(str(tmp_path / "file")) == str(tmp_path / "file")  # overwriting a file is fine
+    (tmp_path / "old.json").write_text('{"steps": 1}\n')
+    assert runfolder.writable_file(str(tmp_path / "old.json")) == str(tmp_path / "old.json")  # an earlier summary
     for check, text, message in [
+        (runfolder.writable_file, tmp_path / "file", f"{tmp_path}/file is there already and is not JSON: it is "
+                                                     "replaced only when it is an earlier summary: pick another file"),
         (runfolder.writable_file, tmp_path, f"{tmp_path} is a folder: give a file name"),
         (runfolder.writable_file, tmp_path / "file" / "out.json",
          f"cannot write {tmp_path}/file/out.json: {tmp_path}/file is a file, not a folder"),
@@ -65,7 +68,8 @@ def test_writable_paths_are_checked_without_leaving_anything(tmp_path):
         (tmp_path / "locked").mkdir(mode=0o500)
         with pytest.raises(errors.argparse.ArgumentTypeError, match="Permission denied"):
             runfolder.writable_file(str(tmp_path / "locked" / "out.json"))
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"] + (["locked"] if os.geteuid() else [])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"] + (["locked"] if os.geteuid() else []) + ["old.json"]
+    assert (tmp_path / "file").read_text() == "x"
 
 
 def test_a_bad_flag_is_one_line(capsys):
@@ -175,3 +179,24 @@ def test_an_output_through_a_symbolic_link_writes_its_target_and_a_device_is_ref
         runfolder.writable_file(str(tmp_path / "full.json"))
     with pytest.raises(UserError, match="/dev/null is not a file \\(a device or a pipe\\): give a file to write"):
         write_json(tmp_path / "full.json", {})
+
+
+def test_an_output_linked_to_a_runs_file_or_a_checkpoint_is_refused_by_what_it_names(tmp_path):
+    """A link's own folder holds no run: the file it names does. Writing through it would replace a checkpoint."""
+    run = tmp_path / "checkpoints" / "pretrain"
+    run.mkdir(parents=True)
+    (run / "ckpt.pt").write_bytes(b"PK\x03\x04 a checkpoint")
+    (tmp_path / "link.gguf").symlink_to(run / "ckpt.pt")
+    with pytest.raises(UserError) as e:
+        runfolder.claim_file(tmp_path / "link.gguf", "OUT")
+    assert str(e.value.code).startswith(f"error: {tmp_path}/link.gguf is part of a run (ckpt.pt) in {run}")
+    (tmp_path / "summary.json").symlink_to(tmp_path / "new" / "ckpt.pt")  # the run this command is about to make
+    with pytest.raises(UserError) as e:
+        runfolder.claim_file(tmp_path / "summary.json", "--json",
+                             making=[("--out-dir", tmp_path / "new", "checkpoint")])
+    assert str(e.value.code) == (f"error: --json {tmp_path}/summary.json is a file of --out-dir {tmp_path}/new, which "
+                                 "this command writes: pick another file")
+    (tmp_path / "my.pt").write_bytes(b"PK\x03\x04 a checkpoint outside any run folder")
+    with pytest.raises(argparse.ArgumentTypeError, match="my.pt is there already and is not JSON"):
+        runfolder.writable_file(str(tmp_path / "my.pt"))
+    assert (run / "ckpt.pt").read_bytes() == b"PK\x03\x04 a checkpoint"

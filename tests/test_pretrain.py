@@ -540,13 +540,14 @@ def test_a_run_folder_named_like_a_file_trains_saves_and_resumes(root):
     assert train(root, "run.pt", "--max-steps", "4", "--resume")["steps"] == 4
 
 
-def test_init_from_a_checkpoint_with_no_tokenizer_hash_and_fewer_token_ids_than_the_data_is_one_line(root):
-    save_checkpoint(root / "old", GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=32)),
+@pytest.mark.parametrize("vocab", [64, 512])
+def test_init_from_a_checkpoint_with_no_tokenizer_hash_and_another_vocabulary_is_one_line(root, vocab):
+    save_checkpoint(root / "old", GPT(GPTConfig(vocab_size=vocab, block_size=16, n_layer=1, n_head=2, n_embd=32)),
                     step=1)
     with pytest.raises(SystemExit) as e:
         train(root, "new", "--max-steps", "2", "--init-from", str(root / "old"))
-    assert e.value.code == (f"error: {root / 'old'} reads 64 token ids, but the data's tokenizer makes 300: pass the "
-                            "--data-dir it was trained on")
+    assert e.value.code == (f"error: {root / 'old'} reads {vocab} token ids, but the data's tokenizer makes 300: "
+                            "pass the --data-dir it was trained on")
     assert not (root / "new").exists()
 
 

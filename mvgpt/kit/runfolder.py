@@ -106,9 +106,20 @@ def part_of(path: str | os.PathLike) -> str | None:
     return f"{desc} in {path.parent}" if path.name in own_files(kind) else None
 
 
+def not_json(path: Path) -> bool:
+    """A file there already whose first characters are not JSON's: someone's text, a checkpoint, a script."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(256).lstrip()
+    except OSError:
+        return False
+    return bool(head) and head[:1] not in (b"{", b"[")
+
+
 def writable_file(text: str) -> str:
     """An output file we will be able to write, checked now rather than after the work; never one of
-    a run's, an export's or the data's own files (a --json over data/meta.json would damage it)."""
+    a run's, an export's or the data's own files (a --json over data/meta.json would damage it), and
+    never a file that is not JSON already: --json replaces an earlier summary, not a user's file."""
     if not text.strip():
         raise argparse.ArgumentTypeError("an empty name: give a file name")
     if Path(text).is_dir():
@@ -119,6 +130,9 @@ def writable_file(text: str) -> str:
     owner = part_of(target)
     if owner is not None:
         raise argparse.ArgumentTypeError(f"{text} is part of {owner}: pick another file")
+    if target.is_file() and not_json(target):
+        raise argparse.ArgumentTypeError(f"{text} is there already and is not JSON: it is replaced only when it "
+                                         "is an earlier summary: pick another file")
     probe(text, target.parent)
     return text
 
@@ -208,19 +222,20 @@ def claim_file(
     --json summary over the checkpoint the run is about to write)."""
     path = Path(path)
     named = f"{flag} {path}" if flag.startswith("-") else str(path)
+    real = Path(os.path.realpath(path))  # a link is written through: what counts is the file it names
     for source, other in (reads or {}).items():
         if other is not None and _same(path, other):
             raise UserError(f"{named} is read as {source}: writing there would replace it "
                             f"({overwrite_flag} never means an input): pick another file")
     for what, made, kind in making:
-        mine = kind is not None and _same(path.parent, made) and (path.name in own_files(kind)
-                                                                   or path.name.startswith("."))
+        mine = kind is not None and _same(real.parent, made) and (real.name in own_files(kind)
+                                                                   or real.name.startswith("."))
         if _same(path, made) or mine:
             where = f"{what} {made}" if _same(path, made) else f"a file of {what} {made}"
             raise UserError(f"{named} is {where}, which this command writes: pick another file")
     if path.is_dir():
         raise UserError(f"{named} is a folder: give a file name")
-    owner = part_of(path)
+    owner = part_of(real)
     if owner is not None:
         raise UserError(f"{named} is part of {owner}: writing there would damage it; pick another file")
     if path.exists() and not overwrite:
