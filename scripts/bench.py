@@ -516,6 +516,15 @@ def measure_decoding(rope: GPTConfig, learned: GPTConfig, device: torch.device, 
     }
 
 
+def only_words(text: str) -> tuple[str, ...]:
+    """--only's words; an empty one (a trailing comma, an unset variable) would match every part."""
+    words = tuple(word.strip() for word in text.split(","))
+    if not all(words):
+        raise argparse.ArgumentTypeError(f"{text!r} has an empty word: give words separated by commas, e.g. "
+                                         "decoding,generation")
+    return words
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", help="cpu, cuda, mps (default: the best present)")
@@ -530,7 +539,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--no-tune-malloc", action="store_true", help="leave glibc's malloc as it is")
     p.add_argument("--batches", type=positive_ints, default="1,8,32", help="batch sizes for generation with the cache")
     p.add_argument("--note", default="", help="a line on the conditions, kept with the figures (e.g. a busy machine)")
-    p.add_argument("--only", type=lambda text: tuple(text.split(",")), default=(),
+    p.add_argument("--only", type=only_words, default=(),
                    help="only the parts named by these words, e.g. decoding,generation (the ceilings always; "
                         "words: training, float32, bfloat16, decoding, generation, compiled, C step)")
     p.add_argument("--limit-minutes", type=positive_float, default=LIMIT_MINUTES,

@@ -38,7 +38,7 @@ import torch
 # import of it: if the sweep moves (e.g. to scripts/long_context.py), change this line.
 from long_context import chunk_losses
 
-from mvgpt.checkpoint import checkpoint_arg, checkpoint_path, load_model
+from mvgpt.checkpoint import CHECKPOINT_NAME, checkpoint_arg, checkpoint_path, load_model
 from mvgpt.data import DATA_DIR, data_tokenizer_hash, load_tokens, prepared_data
 from mvgpt.device import machine
 from mvgpt.export.gguf import (
@@ -261,7 +261,8 @@ def export_targets(out: Path, ckpts: list[str], gguf: bool) -> dict[str, Path]:
     that two run folders share gets -2, -3, ... so that no export replaces another."""
     targets, taken = {}, set()
     for ckpt in ckpts:
-        name = base = Path(checkpoint_path(ckpt)).parent.name
+        file = Path(checkpoint_path(ckpt)).resolve()  # a run folder's name, or a loose file's (my.pt: my)
+        name = base = file.parent.name if file.name == CHECKPOINT_NAME else file.stem
         n = 1
         while name in taken:
             n += 1

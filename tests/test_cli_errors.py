@@ -219,6 +219,8 @@ CASES: list[Case] = [
     Case("bench", "--batch-size 0", "--batch-size: 0 is out of range"),
     Case("bench", "--batches 1,0", "--batches: 0 is out of range"),
     Case("bench", "--threads 0", "--threads: 0 is out of range"),
+    Case("bench", "--only decoding,", "'decoding,' has an empty word", "a trailing comma, which matched every part"),
+    Case("bench", "--only ''", "'' has an empty word", "an unset variable, which matched every part"),
     Case("bench", "--only decodng", "--only 'decodng' names no part", "a misspelled part"),
     Case("bench", "--threads 1000000", "--threads: 1000000 is out of range: give a whole number from 1 to"),
     Case("bench", "--n-layer 1000000000000000000000000000000", "more than this machine's",

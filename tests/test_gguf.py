@@ -9,6 +9,7 @@ norm in the wrong place cannot go unnoticed.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -432,3 +433,19 @@ def test_check_puts_llama_cpp_perplexity_beside_ours(tokenizer, data_dir, tmp_pa
             assert row["loss_llama_cpp"] == pytest.approx(row["loss_mvgpt_ggml_gelu"], abs=1e-5)
     linear32 = rope["sweep"][5]
     assert linear32["llama_cpp_options"]["type"] == "linear" and linear32["llama_cpp_options"]["factor"] == 2.0
+
+
+def test_each_checkpoint_exports_to_a_place_of_its_own_name(tmp_path, monkeypatch):
+    """A run folder gives its name; a loose checkpoint file its stem (before: '', the OUT folder itself)."""
+    import export_check
+
+    for run in ("checkpoints/pretrain-rope", "other/pretrain-rope"):
+        (tmp_path / run).mkdir(parents=True)
+        (tmp_path / run / "ckpt.pt").write_bytes(b"weights")
+    (tmp_path / "my.pt").write_bytes(b"weights")
+    monkeypatch.chdir(tmp_path)
+    ckpts = ["checkpoints/pretrain-rope", "my.pt", "other/pretrain-rope/ckpt.pt"]
+    assert export_check.export_targets(Path("exports"), ckpts, gguf=False) == {
+        "checkpoints/pretrain-rope": Path("exports/pretrain-rope"), "my.pt": Path("exports/my"),
+        "other/pretrain-rope/ckpt.pt": Path("exports/pretrain-rope-2")}
+    assert export_check.export_targets(Path("exports"), ["my.pt"], gguf=True) == {"my.pt": Path("exports/my.gguf")}
