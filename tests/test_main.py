@@ -65,7 +65,7 @@ def fake_job(monkeypatch, data_dir, tmp_path, step_s: float = 2.0, short_held_ou
     monkeypatch.setattr(main, "run", lambda step, env: commands.append(step))
     monkeypatch.setattr(main, "measure", lambda step, out, checkpoints, env: commands.append(step))
     made_up = plan.Rates(step_s={"learned": step_s, "rope": 2.5}, compile_s={"learned": 40.0, "rope": 60.0},
-                         eager_step_s={"auto": 3.0}, eval_s=0.5, eval_float32_s=0.5, window_s=0.06,
+                         eager_step_s=3.0, eval_s=0.5, eval_float32_s=0.5, window_s=0.06,
                          token_s=0.008, seconds=90.0)
     monkeypatch.setattr(plan, "measure", lambda *args, **kwargs: made_up)
     return commands
@@ -165,7 +165,7 @@ def test_a_busy_moment_is_measured_again_and_a_machine_still_too_slow_is_told_so
 
     commands = fake_job(monkeypatch, data_dir, tmp_path)
     busy = plan.Rates(step_s={"learned": 6.8, "rope": 6.0}, compile_s={"learned": 8.0, "rope": 6.0},
-                      eager_step_s={"auto": 7.0}, eval_s=0.25, eval_float32_s=0.3, window_s=1.4,
+                      eager_step_s=7.0, eval_s=0.25, eval_float32_s=0.3, window_s=1.4,
                       token_s=0.006, seconds=147.0, other_cores=1.1)
     quiet = plan.Rates(**{**busy.__dict__, "step_s": {"learned": 0.9, "rope": 0.8}, "other_cores": 0.0})
     measured = [busy, quiet]

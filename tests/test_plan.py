@@ -24,7 +24,7 @@ from mvgpt.perf.plan import (
 
 def rates(**overrides) -> Rates:
     r = Rates(step_s={"learned": 2.0, "rope": 2.5}, compile_s={"learned": 40.0, "rope": 60.0},
-              eager_step_s={"auto": 3.0}, eval_s=0.5, eval_float32_s=0.5, window_s=0.06,
+              eager_step_s=3.0, eval_s=0.5, eval_float32_s=0.5, window_s=0.06,
               token_s=0.008, seconds=90.0)
     for k, v in overrides.items():
         setattr(r, k, v)
@@ -65,7 +65,7 @@ class Quiet:
 def test_measure_times_each_kind_once_a_round_keeps_the_median_and_the_first_calls_extra_as_compiling(monkeypatch):
     compiled = []
     monkeypatch.setattr(plan.torch, "compile", lambda model: compiled.append(model) or model)  # no inductor here
-    names = ["learned", "rope", "eager auto", "eval", "eval float32", "window", "token", "peak"]
+    names = ["learned", "rope", "eager", "eval", "eval float32", "window", "token", "peak"]
     first = [5.0, 9.0, 4.0, 1.0, 1.0, 0.5, 0.125, 0.5]  # compiling, warming up
     each = [1.0, 2.0, 1.5, 0.25, 0.25, 0.0625, 2**-7, 2**-9]  # binary fractions: exact sums
     rounds = []
@@ -79,7 +79,7 @@ def test_measure_times_each_kind_once_a_round_keeps_the_median_and_the_first_cal
     assert len(names) == len(first) and clock.calls == len(clock.stamps)  # every call timed, nothing else read
     assert r.step_s == {"learned": 1.0, "rope": 2.0} and r.compile_s == {"learned": 4.0, "rope": 7.0}
     assert r.spread == 8.0  # the burst shows, and is not the rate
-    assert r.eager_step_s == {"auto": 1.5}
+    assert r.eager_step_s == 1.5
     assert (r.eval_s, r.eval_float32_s, r.window_s, r.token_s) == (0.25, 0.25, 0.0625, 2**-7)
     peak = 2 * 512**3 / 2**-9
     assert r.share_of_peak == 2 * 16 * training_flops_per_token(tiny_config()) / 1.0 / peak

@@ -62,7 +62,7 @@ class Rates:
 
     step_s: dict[str, float] = field(default_factory=dict)  # {kind: a pretraining step, as pretrain.py takes it}
     compile_s: dict[str, float] = field(default_factory=dict)  # {kind: what its first step takes more (compiling)}
-    eager_step_s: dict[str, float] = field(default_factory=dict)  # {"auto": the rope step, eager, in the run's dtype}
+    eager_step_s: float = 0.0  # the rope step, eager, in the run's dtype (the fine-tunes' step)
     eval_s: float = 0.0  # a forward of 8 x 256, all logits, no gradients, in the run's dtype
     eval_float32_s: float = 0.0  # the same in float32 (evaluate's comparison, the long-context scripts)
     window_s: float = 0.0  # a float32 forward of one window with the last place's logits (context.py's re-run)
@@ -136,7 +136,7 @@ def measure(learned: GPTConfig, rope: GPTConfig, device: torch.device, dtype: to
             work[kind] = step_fn(trained, torch.compile(trained) if compile else trained, dtype)
         torch.manual_seed(0)  # the fine-tunes' step: eager, in the run's dtype
         eager = GPT(rope).to(device)
-        work["eager auto"] = step_fn(eager, eager, dtype)
+        work["eager"] = step_fn(eager, eager, dtype)
     torch.manual_seed(0)
     model = GPT(rope).to(device).eval()  # as the measuring scripts load it: float32, PyTorch's attention
     cache = KVCache(rope, 1, device=device)
@@ -171,7 +171,7 @@ def measure(learned: GPTConfig, rope: GPTConfig, device: torch.device, dtype: to
         for kind in ("learned", "rope"):
             rates.step_s[kind] = rate[kind]
             rates.compile_s[kind] = max(0.0, first[kind] - rate[kind])
-        rates.eager_step_s = {"auto": rate["eager auto"]}
+        rates.eager_step_s = rate["eager"]
         peak = 2 * n**3 / min(samples["peak"])  # a ceiling: the best the machine gave
         rates.share_of_peak = batch_size * T * training_flops_per_token(learned) / rate["learned"] / peak
         rates.spread = max(samples["learned"]) / rate["learned"]
@@ -251,7 +251,7 @@ def stages(rates: Rates, job: Job) -> list[Stage]:
         scale = (B * T * training_flops_per_token(replace(c, block_size=T))
                  / (job.batch_size * W * training_flops_per_token(c)))
         evals = _evals(done, n, 20)
-        seconds = (PROCESS_S + (n - done) * scale * rates.eager_step_s["auto"]
+        seconds = (PROCESS_S + (n - done) * scale * rates.eager_step_s
                    + evals * 8 * rates.eval_s * (B * T * per_token(T)) / (8 * W * per_token(W)) + evals * SAVE_S)
         out.append(Stage("long-context fine-tune", seconds, f"{n - done} steps of {B} x {T}"))
     else:
@@ -275,7 +275,7 @@ def stages(rates: Rates, job: Job) -> list[Stage]:
     if job.lora and "LoRA fine-tune" in job.skipped:
         out.append(Stage("LoRA fine-tune", 0.0))
     elif job.lora:  # finetune.py: 150 steps of 8 x 256 in the run's dtype, then 24 stories of 160 tokens by each model
-        seconds = (job.lora_steps * LORA_OVERHEAD * rates.eager_step_s["auto"] / 2
+        seconds = (job.lora_steps * LORA_OVERHEAD * rates.eager_step_s / 2
                    + 2 * 24 * 160 * SAMPLING_OVERHEAD * rates.token_s + 2 * 8 * rates.eval_float32_s)
         out.append(Stage("LoRA fine-tune", PROCESS_S + seconds, f"{job.lora_steps} steps, 48 stories"))
     if job.report:
