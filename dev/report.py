@@ -384,11 +384,11 @@ def context_table(d: dict, drawn: tuple[str, ...] | None = None) -> tuple[str, D
     by = {(x["model"], x["method"]): x for x in rows}
     cache, rope_window = by.get(("pretrain-rope", "sliding cache")), by.get(("pretrain-rope", "sliding window"))
     if cache and rope_window:
-        body += (f"\nThe sliding cache writes a token {rope_window['ms_per_token'] / cache['ms_per_token']:.1f}× "
-                 f"faster than the rope model's sliding window")
+        body += (f"\n`pretrain-rope`'s sliding cache writes a token "
+                 f"{rope_window['ms_per_token'] / cache['ms_per_token']:.1f}× faster than its sliding window")
         learned = by.get(("pretrain", "sliding window"))
         if learned:
-            body += f", {learned['ms_per_token'] / cache['ms_per_token']:.1f}× faster than the learned model's"
+            body += f", {learned['ms_per_token'] / cache['ms_per_token']:.1f}× faster than `pretrain`'s"
         body += f", at a loss {cache['loss'] - rope_window['loss']:+.4f} from the window's.\n"
     c_step = by.get(("pretrain-rope", "sliding cache, C step"))  # context.py's row for the one-token step in C
     if cache and c_step:
@@ -952,13 +952,17 @@ def episode(r: dict) -> dict:
     """Every figure the video quotes beside ours, from the episode page's one run set (ONE_RUN_SET)."""
     e = r["episode.json"]
     specs = [(f, on_machine(f["ours"], ONE_RUN_SET)) for f in e["figures"]]
-    rows = [[f["what"], f"{f['text']} ({f['at']})", "–" if (v := ours(r, spec)) is None else f["format"].format(v)]
-            for f, spec in specs]
+    def run(f: dict) -> str:  # which of our runs a row reads: the one typed, or the main job's two
+        return ("as typed, `pretrain-rope-2`" if "ten-minutes/pretrain-rope" in f["ours"] else "as typed"
+                if "ten-minutes/" in f["ours"] else "the main job's")
+
+    rows = [[f["what"], f"{f['text']} ({f['at']})", *(["–", ""] if (v := ours(r, spec)) is None else
+                                                     [f["format"].format(v), run(f)])] for f, spec in specs]
     used = ["episode.json", *(n for n in dict.fromkeys([*ONE_RUN_SET.values(), "context-gpu.json"])
                               if n in r and any(s.startswith(f"{n}:") or f" {n}:" in s for _, s in specs))]
     body = f"The episode: {e['hardware']}. Ours: the machine above; `–`: not measured here.\n\n"
-    return {"episode": head(*[(n, r[n]) for n in used]) + body + table(["figure", "episode (at)", "ours"], rows,
-                                                                          "lrr")}
+    return {"episode": head(*[(n, r[n]) for n in used]) + body + table(["figure", "episode (at)", "ours", "our run"],
+                                                                          rows, "lrrl")}
 
 
 def rope_speeds(_: dict, other_base: float = 100000.0) -> dict:
@@ -1233,14 +1237,18 @@ TYPED_RUNS = ("ten-minutes/pretrain-rope.json", "amd-epyc/ten-minutes/pretrain-r
 def typed_range(r: dict) -> str:
     """One paragraph: the held-out loss of each committed ten-minute rope run as typed, with its machine and
     speed, slowest first; the spread is the tokens seen, so the speed of the host on the day."""
-    names = [name for name in TYPED_RUNS if name in r]
-    runs = sorted((r[name] for name in names), key=lambda d: d["tokens_per_s"])
+    names = sorted((name for name in TYPED_RUNS if name in r), key=lambda name: r[name]["tokens_per_s"])
+    runs = [r[name] for name in names]  # slowest first, the files in the same order
+    kinds: dict[str, list[float]] = {}
+    for d in runs:
+        kinds.setdefault(cpu(d["machine"]).split(" (")[0], []).append(d["tokens_per_s"])
+    spread = max(max(v) / min(v) for v in kinds.values())
     said = "; ".join(f"{d['val_loss']:.2f} at {d['tokens_per_s']:,.0f} tokens/s ({d['steps']:,} steps, "
                      f"{cpu(d['machine']).split(' (')[0]})" for d in runs)
     return (f"Ten minutes as typed, the rope run's held-out loss has been, over the {len(runs)} runs we committed "
             f"({', '.join(f'`results/{n}`' for n in names)}): {said}. The loss follows the tokens a run sees, and "
-            "those follow the machine's speed that day: the hosts are shared, and one kind of machine can run "
-            "at twice the speed of another of its kind.\n")
+            "those follow the machine's speed that day: the hosts are shared, and one kind of machine ran at "
+            f"up to {spread:.1f} times the speed of another of its kind.\n")
 
 
 def typed_span(r: dict) -> str:
@@ -1275,11 +1283,11 @@ def readme_expect(r: dict) -> str:
             f"(`--max-steps {main_steps[0]}` on the Intel; {main_steps[1]:,} steps, as the job chose, on the AMD).\n"
             + "\n" + typed_span(r)
             + f"\nWhy they differ, one line each:\n\n"
-            f"- **The training.** The video's own figures put its rope run at about {video_tokens / 1e6:.1f}M "
+            f"- **The training.** The video's own figures put its rope run at up to {video_tokens / 1e6:.1f}M "
             f"tokens; ours saw {tokens_seen}.\n"
             f"- **The data.** Our runs read {data['train']['tokens'] / 1e6:.1f}M training tokens "
             f"({data['train']['stories']:,} stories), a small part of TinyStories.\n"
-            f"- **The tokenizer.** Ours has {data['vocab_size']:,} tokens; the video's is not ours, so a loss per "
+            f"- **The tokenizer.** Ours has {data['vocab_size']:,} tokens; the video's differs, so a loss per "
             f"token compares only roughly. Bits per byte does not depend on it.\n"
             f"- **Milliseconds** belong to a machine. Compare the ratios, each measured side by side in one run.\n"
             f"- **To get closer**, train longer (`--max-steps`) on more of TinyStories (online, the main job reads "

@@ -190,6 +190,10 @@ class ModelSource:
     checkpoint: Path  # the weights to load
     adapter: Path | None = None  # LoRA, applied unmerged on top
 
+    def files(self) -> tuple[str, str | None]:
+        """The files read, as the disk knows them: two paths to one model give the same pair."""
+        return os.path.realpath(self.checkpoint), self.adapter and os.path.realpath(self.adapter)
+
 
 def existing_path(text: str) -> str:
     """An argparse type: a path that exists (what it holds is sorted out by find_models)."""
@@ -245,7 +249,7 @@ def find_base(adapter_file: Path, tokenizer_hash: str | None) -> Path:
 
 def find_models(paths: list[str], tokenizer_hash: str | None = None) -> tuple[list[ModelSource], list[str]]:
     """(the models the paths hold, one reason per path that holds none), in the order given."""
-    models, skipped = [], []
+    models, skipped, seen = [], [], {}
     for text in paths:
         path = Path(text)
         if path.is_dir():
@@ -266,6 +270,11 @@ def find_models(paths: list[str], tokenizer_hash: str | None = None) -> tuple[li
             models.append(ModelSource(f"{path.name} (LoRA on {base.parent.name})", text, base, adapter))
         else:
             skipped.append(f"{text} (no checkpoint or LoRA adapter in it)")
+            continue
+        same = seen.setdefault(models[-1].files(), text)
+        if same is not text:  # one model named twice (pretrain, ./pretrain/, pretrain/ckpt.pt): one row, not two
+            models.pop()
+            skipped.append(f"{text} (the same model as {same})")
     return models, skipped
 
 

@@ -281,6 +281,10 @@ def prepare(
         meta["skipped"] = True
         return meta
     train, valid, split = read_source(source)  # a bad source is said first: it is what to fix
+    if meta is None and not replace and not force and (data_dir / "tokenizer.json").exists():
+        raise DataError(  # a damaged meta.json must not pass for no data: runs may need this tokenizer
+            f"{data_dir} holds a tokenizer, but its meta.json is missing or damaged: runs trained on that data "
+            "need its tokenizer: prepare into another --data-dir, or pass --force to replace it")
     if meta is not None and not replace and not force:
         raise DataError(
             f"{data_dir} holds data prepared from {meta.get('source')} (vocabulary {meta.get('vocab_size')}, "
@@ -291,6 +295,9 @@ def prepare(
     staging.mkdir(parents=True, exist_ok=True)
     try:
         tokenizer = train_tokenizer(train, vocab_size)
+        if tokenizer.vocab_size < MIN_VOCAB:  # not one pair of bytes repeats: a tokenizer of bytes alone
+            raise DataError(f"{source} is too short to learn a single merge ({tokenizer.vocab_size} tokens, fewer "
+                            f"than {MIN_VOCAB}): give it more text")
         tokenizer.save(staging / "tokenizer.json")
         meta = {
             "vocab_size": tokenizer.vocab_size,
@@ -347,6 +354,10 @@ def no_data(data_dir: str | os.PathLike) -> str:
     if Path(data_dir) == DATA_DIR and here.name == "scripts" and read_meta(here.parent / DATA_DIR) is not None:
         typed = shlex.join(["python", f"scripts/{Path(sys.argv[0]).name}", *sys.argv[1:]])
         return f"no prepared data in scripts/{data_dir}: run the scripts from the repository's root: `cd .. && {typed}`"
+    if (Path(data_dir) / "tokenizer.json").exists():  # prepared once, then damaged: prepare.py refuses without --force
+        return (f"the prepared data in {data_dir} is damaged (its meta.json, token files and tokenizer do not agree): "
+                f"prepare it again from its source, `python scripts/prepare.py --source PATH --data-dir {data_dir} "
+                "--force`")
     return (f"no complete prepared data in {data_dir}: run `python scripts/prepare.py --source PATH --data-dir "
             f"{data_dir}` (or pass --data-dir)")
 

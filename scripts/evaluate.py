@@ -20,6 +20,9 @@ mixed-precision reading should keep within 0.01 nats.
 
 from __future__ import annotations
 
+import mvgpt.kit.starting  # noqa: F401  first, before torch loads: Ctrl-C meanwhile is one line
+
+# isort: split
 import argparse
 import math
 import time
@@ -56,8 +59,7 @@ def evaluate(model: GPT, tokens, device: torch.device, max_tokens: int | None = 
     n_windows = (len(tokens) - 1) // T
     if max_tokens is not None:
         n_windows = min(n_windows, max(1, max_tokens // T))
-    if n_windows < 1:
-        raise SystemExit(f"error: {len(tokens)} held-out tokens are too few for one window of {T}")
+    check_windows(len(tokens), T)
     total_loss, correct, count, text_loss, text_bytes = 0.0, 0, 0, 0.0, 0
     for i in tqdm(range(0, n_windows, batch_size), desc="evaluate", leave=False, disable=None):
         rows = [tokens[j * T : j * T + T + 1] for j in range(i, min(i + batch_size, n_windows))]
@@ -100,6 +102,13 @@ def row_line(row: dict, width: int, mixed: bool) -> str:
             f"{row['accuracy']:>9.2%} {bpb}" + (f" {row['loss_difference']:>+11.4f}" if mixed else ""))
 
 
+def check_windows(tokens: int, T: int) -> None:
+    """A one-line error where the held-out tokens do not fill one window of T (and its next token)."""
+    if (tokens - 1) // T < 1:
+        raise SystemExit(f"error: {tokens:,} held-out tokens are too few for one window of {T:,}: give a --ctx "
+                         f"of at most {tokens - 1:,}, or prepare data with more held-out text")
+
+
 def footer(rows: list[dict]) -> str:
     text = f", {rows[0]['bytes']:,} bytes of text" if "bytes" in rows[0] else ""
     return (f"({rows[0]['tokens']:,} held-out tokens per model{text}; loss in nats per token, bits/byte the "
@@ -136,8 +145,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     rows = []
     mixed = dtype != torch.float32
     width = name_width(name for name, _ in models)
-    for _, model in models:  # a --ctx no model can read is refused before the table starts
+    for _, model in models:  # a --ctx no model can read, or longer than the text, is refused before the table
         apply_context_args(model, args)
+        check_windows(len(val), model.context)
     print(header(width, mixed))
     t0 = time.perf_counter()
     for name, model in models:

@@ -26,6 +26,9 @@ means what is read: the checkpoint, its run folder, the data (a run or the data 
 
 from __future__ import annotations
 
+import mvgpt.kit.starting  # noqa: F401  first, before torch loads: Ctrl-C meanwhile is one line
+
+# isort: split
 import argparse
 from pathlib import Path
 

@@ -27,6 +27,9 @@ Each export goes to OUT/<run folder name> (OUT/<name>.gguf): a place that holds 
 
 from __future__ import annotations
 
+import mvgpt.kit.starting  # noqa: F401  first, before torch loads: Ctrl-C meanwhile is one line
+
+# isort: split
 import argparse
 import math
 import os

@@ -29,6 +29,9 @@ and the adapter saved before stays as it was.
 
 from __future__ import annotations
 
+import mvgpt.kit.starting  # noqa: F401  first, before torch loads: Ctrl-C meanwhile is one line
+
+# isort: split
 import argparse
 import copy
 import signal

@@ -27,6 +27,9 @@ Examples:
 
 from __future__ import annotations
 
+import mvgpt.kit.starting  # noqa: F401  first, before torch loads: Ctrl-C meanwhile is one line
+
+# isort: split
 import argparse
 import json
 import os
@@ -146,18 +149,23 @@ def prepare_data(step: list[str], env: dict) -> None:
     found = holds(data.parent)
     if found is not None and found[0] not in ("job", "files"):
         raise UserError(f"--out {data.parent} holds {found[1]}: give the job a folder of its own")
+    runs = sorted(d.name for d in data.parent.glob("*") if (holds(d) or ("",))[0] in ("checkpoint", "lora"))
+    if found is not None and found[0] == "files" and runs:  # a checkpoints/ folder: the job would mix among its runs
+        raise UserError(f"--out {data.parent} holds runs ({', '.join(runs[:3])}{', ...' if len(runs) > 3 else ''}): "
+                        "give the job a folder of its own")
     source, meta = flag_value(step, "--source") or os.environ.get(SOURCE_ENV), read_meta(data)
     vocab = int(flag_value(step, "--vocab-size") or 8192)  # prepare.py's default
-    if meta is not None and source and not prepared_for(meta, source_fingerprint(Path(source)), vocab):
+    damaged = meta is None and (data / "tokenizer.json").exists()  # a meta.json lost or damaged: not "no data"
+    if source and (damaged or meta is not None and not prepared_for(meta, source_fingerprint(Path(source)), vocab)):
         ckpts = data.parent / "checkpoints"
         trained = sorted(d.name for d in ckpts.glob("*") if run_file(d).exists()) if ckpts.is_dir() else []
+        was = ("holds a tokenizer, but its meta.json is missing or damaged" if damaged else
+               f"was prepared from {meta.get('source')} (vocabulary {meta.get('vocab_size')})")
         if trained:
-            raise UserError(f"{data} was prepared from {meta.get('source')} (vocabulary {meta.get('vocab_size')}), "
-                            f"and {ckpts} holds runs trained on it ({', '.join(trained)}): preparing it from {source} "
-                            f"(vocabulary {vocab}) would leave them unusable; give that its own --out, or delete "
-                            f"{ckpts} to train again on it")
-        print(f"\n{data} was prepared from {meta.get('source')}, and no run was trained on it yet: "
-              f"preparing it again from {source}")
+            raise UserError(f"{data} {was}, and {ckpts} holds runs trained on it ({', '.join(trained)}): preparing it "
+                            f"from {source} (vocabulary {vocab}) would leave them unusable; give that its own --out, "
+                            f"or delete {ckpts} to train again on it")
+        print(f"\n{data} {was}, and no run was trained on it yet: preparing it again from {source}")
         step = [*step, "--force"]
     run(step, env)
 
@@ -304,6 +312,8 @@ def main(argv: list[str] | None = None) -> None:
               ckpts / name, args.max_steps, results / f"{name}.json", common, env)
         progress.done(f"pretrain ({'rope' if kind else 'learned'})")
 
+    trained_steps = finished_steps(ckpts / "pretrain")  # runs trained further before are kept: say what they reached
+
     # the episode's comparison: held-out loss, then past the window
     both = [str(ckpts / "pretrain"), str(ckpts / "pretrain-rope")]
     rope = str(ckpts / "pretrain-rope")
@@ -346,7 +356,7 @@ def main(argv: list[str] | None = None) -> None:
     summary = progress.summary()  # the plan against the job as it went
     command = shlex.join(["python", "scripts/main.py", *(sys.argv[1:] if argv is None else argv)])
     write_json(results / "main-job.json", {"command": command, "machine": machine(pick_device(args.device)),
-                                           "steps": args.max_steps, **summary})
+                                           "steps": trained_steps, **summary})
     print(f"\ndone in {summary['took_s'] / 60:.1f} min (planned {summary['planned_s'] / 60:.1f}): checkpoints in "
           f"{ckpts}, TensorBoard logs in {runs} (tensorboard --logdir {runs}), tables in {results}")
 

@@ -15,6 +15,9 @@ on it needs its tokenizer. A folder holding anything else (a run, an export) is 
 
 from __future__ import annotations
 
+import mvgpt.kit.starting  # noqa: F401  first, before torch loads: Ctrl-C meanwhile is one line
+
+# isort: split
 import argparse
 import sys
 import time

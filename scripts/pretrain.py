@@ -35,6 +35,9 @@ LossWatch): a run whose loss runs away stops, and its last checkpoint stays as i
 
 from __future__ import annotations
 
+import mvgpt.kit.starting  # noqa: F401  first, before torch loads: Ctrl-C meanwhile is one line
+
+# isort: split
 import argparse
 import json
 import math

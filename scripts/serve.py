@@ -23,6 +23,9 @@ Examples:
 
 from __future__ import annotations
 
+import mvgpt.kit.starting  # noqa: F401  first, before torch loads: Ctrl-C meanwhile is one line
+
+# isort: split
 import argparse
 import errno
 import ipaddress
@@ -126,6 +129,17 @@ class Handler(BaseHTTPRequestHandler):
         self.request_version = "HTTP/1.0" if self.request_version == "HTTP/0.9" else self.request_version
         self.answered = True
         super().send_response(code, message)
+
+    def parse_request(self) -> bool:
+        # a request line without a version (HTTP/0.9, "GET /") would have http.server wait for headers that
+        # never come, the connection's whole timeout: refuse it at once
+        self.requestline = str(self.raw_requestline, "iso-8859-1").rstrip("\r\n")
+        if len(self.requestline.split()) == 2:
+            self.request_version, self.command = "HTTP/1.0", None
+            self.send_error(HTTPStatus.BAD_REQUEST,
+                            "a request line without its HTTP version is not served: ask with HTTP/1.1")
+            return False
+        return super().parse_request()
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
         """http.server's own refusals (a malformed request line or header, one too long, a method other

@@ -234,3 +234,14 @@ def test_a_checkpoint_whose_vocabulary_is_not_the_datas_is_one_line(data_dir, tm
                             "data's tokenizer makes 300: pass the --data-dir it was trained with")
     save_checkpoint(tmp_path / "same", tiny_model(vocab_size=300), step=1)  # the data's vocabulary: reads
     assert load_model(tmp_path / "same", "cpu", tok_hash)[0].config.vocab_size == 300
+
+
+def test_one_model_named_twice_is_read_once_and_the_repeat_said(tmp_path):
+    from mvgpt.checkpoint import find_models
+
+    save_checkpoint(tmp_path / "run", tiny_model(), step=1)
+    save_checkpoint(tmp_path / "other", tiny_model(), step=1)
+    run = str(tmp_path / "run")
+    models, skipped = find_models([run, run + "/", f"{run}/ckpt.pt", str(tmp_path / "other")])
+    assert [m.given for m in models] == [run, str(tmp_path / "other")]
+    assert skipped == [f"{run}/ (the same model as {run})", f"{run}/ckpt.pt (the same model as {run})"]

@@ -20,6 +20,7 @@ import os
 import re
 import runpy
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -68,6 +69,10 @@ CASES: list[Case] = [
     Case("prepare", "--source latin1.txt", "is not UTF-8 text", "a source in another encoding"),
     Case("prepare", "--source notes.txt", "no <|endoftext|> separators"),
     Case("prepare", "--source ''", "argument --source: is empty", "an unset variable ($SOURCE)"),
+    Case("prepare", "--source two.txt --data-dir tiny-data", "is too short to learn a single merge",
+         "two one-letter stories: a tokenizer of bytes alone, which no script could read"),
+    Case("prepare", "--source stories --data-dir damaged-data", "its meta.json is missing or damaged",
+         "data whose meta.json was damaged: runs may need its tokenizer"),
     # pretrain: a run folder is someone's work
     Case("pretrain", "--max-steps 1 --out-dir checkpoints/pretrain", "holds a run (ckpt.pt) already",
          "forgetting --resume"),
@@ -111,6 +116,11 @@ CASES: list[Case] = [
     Case("pretrain", "--max-steps 1 --out-dir checkpoints/new --json ''", "argument --json: an empty name"),
     Case("pretrain", "--max-steps 1 --out-dir checkpoints/new --runs-dir checkpoints",
          "give TensorBoard a folder of its own", "TensorBoard's files inside the run folder"),
+    Case("pretrain", "--max-steps 1 --out-dir elsewhere/pretrain --runs-dir checkpoints",
+         "TensorBoard files in checkpoints/pretrain, which holds a run (ckpt.pt)",
+         "TensorBoard's files in another run's folder"),
+    Case("pretrain", "--max-steps 1 --out-dir elsewhere/data --runs-dir .",
+         "TensorBoard files in data, which holds prepared data", "TensorBoard's files in the data"),
     Case("pretrain", "--max-steps 1 --out-dir checkpoints/new --init-from text.pt", "truncated or corrupt",
          "a text file named like a checkpoint"),
     # evaluate
@@ -121,6 +131,8 @@ CASES: list[Case] = [
     Case("evaluate", "other-tokenizer.pt", "was trained with tokenizer 0123456789abcdef"),
     Case("evaluate", "crafted.pt", "which no model can have", "a crafted config"),
     Case("evaluate", "huge.pt", "GiB", "a config that asks for terabytes"),
+    Case("evaluate", "checkpoints/pretrain-rope --ctx 20000", "held-out tokens are too few for one window of "
+         "20,000: give a --ctx of at most", "a --ctx longer than the held-out text"),
     Case("evaluate", "checkpoints/pretrain-rope --ctx 100000000", "give a smaller --ctx",
          "a window no memory holds, before the table"),
     Case("evaluate", "checkpoints/pretrain --json notes.txt", "notes.txt is there already and is not JSON",
@@ -232,6 +244,8 @@ CASES: list[Case] = [
     Case("main", "--finetune-steps -1", "--finetune-steps: -1 is out of range"),
     Case("main", "--out notes.txt", "notes.txt is a file: give a folder"),
     Case("main", "--source missing --out job", "source missing does not exist", "said before any step starts"),
+    Case("main", "--tiny --out checkpoints --plan-only", "--out checkpoints holds runs (busy, lora-r2, pretrain, ...)",
+         "a folder of runs, where the job's data and results would mix in among them"),
 ]
 
 
@@ -267,6 +281,9 @@ def make_world(root: Path) -> Path:
     (root / "checkpoints" / "busy" / "lock").write_text(str(os.getpid()))  # this process: alive all along
     (root / "latin1.txt").write_bytes("Zoë saw a café.\n<|endoftext|>\nTom too.\n<|endoftext|>\n".encode("latin-1"))
     (root / "notes.txt").write_text("a file of the user's, not a folder\n")
+    (root / "two.txt").write_text("a\n<|endoftext|>\nb\n<|endoftext|>\n")  # no pair of bytes repeats
+    shutil.copytree(root / "data", root / "damaged-data")
+    (root / "damaged-data" / "meta.json").write_text("{")
     save_checkpoint(root / "wide.pt", GPT(tiny_config(vocab_size=512)))  # no tokenizer hash, more ids than the data
     os.mkfifo(root / "pipe")  # a source that is not a file: read once, maybe never ending
     (root / "exports" / "mine").mkdir(parents=True)

@@ -296,8 +296,33 @@ def test_a_meta_json_that_is_not_ours_is_no_prepared_data_and_says_how_to_prepar
     assert read_meta(copy) is None
     with pytest.raises(SystemExit) as e:
         load_tokens(copy, "train")
-    assert e.value.code == (f"error: no complete prepared data in {copy}: run `python scripts/prepare.py --source "
-                            f"PATH --data-dir {copy}` (or pass --data-dir)")
+    assert e.value.code == (f"error: the prepared data in {copy} is damaged (its meta.json, token files and "
+                            "tokenizer do not agree): prepare it again from its source, `python scripts/prepare.py "
+                            f"--source PATH --data-dir {copy} --force`")
+
+
+def test_data_whose_meta_json_is_damaged_is_not_replaced_without_force(data_dir, corpus_dir, tmp_path):
+    """Runs trained on it need its tokenizer: a damaged meta.json must not pass for no data at all."""
+    import shutil
+
+    copy = tmp_path / "data"
+    shutil.copytree(data_dir, copy)
+    (copy / "meta.json").write_text("")
+    before = hashes(copy)
+    with pytest.raises(SystemExit, match=f"^error: {copy} holds a tokenizer, but its meta.json is missing or "
+                                         "damaged: .* pass --force to replace it$"):
+        prepare(corpus_dir, copy, vocab_size=300, replace=False)
+    assert hashes(copy) == before
+    assert prepare(corpus_dir, copy, vocab_size=300, force=True)["vocab_size"] == 300 and read_meta(copy)
+
+
+def test_a_source_too_short_for_a_single_merge_is_refused_and_nothing_is_written(tmp_path):
+    source = tmp_path / "two.txt"
+    source.write_text("a\n<|endoftext|>\nb\n<|endoftext|>\n")
+    with pytest.raises(SystemExit, match=f"^error: {source} is too short to learn a single merge \\(257 tokens, "
+                                         "fewer than 258\\): give it more text$"):
+        prepare(source, tmp_path / "d", vocab_size=300)
+    assert not (tmp_path / "d" / "meta.json").exists()
 
 
 def test_typed_from_inside_scripts_the_missing_data_says_to_run_from_the_root(data_dir, tmp_path, monkeypatch):

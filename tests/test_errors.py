@@ -135,6 +135,35 @@ def test_ctrl_c_is_one_line_and_exit_130():
     assert child.returncode == 130 and err == "interrupted (Ctrl-C): run the command again to start over\n"
 
 
+def test_ctrl_c_while_a_script_imports_torch_is_one_line_and_exit_130(tmp_path):
+    """Before run_main: a Ctrl-C while the imports run (a second or two, torch's) ends in one line too."""
+    (tmp_path / "scripts").mkdir()
+    starting = tmp_path / "scripts" / "starting.py"  # a script in scripts/, as ours are
+    starting.write_text("import mvgpt.kit.starting\nimport os, signal, time\n"
+                        "os.kill(os.getpid(), signal.SIGINT)  # as a Ctrl-C lands while torch loads\n"
+                        "time.sleep(60)\n")
+    done = subprocess.run([sys.executable, str(starting)], capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert (done.returncode, done.stdout, done.stderr) == (
+        130, "", "interrupted (Ctrl-C) while starting: nothing was changed\n")
+
+
+def test_every_script_imports_the_ctrl_c_guard_before_anything_else():
+    import ast
+
+    for script in sorted((ROOT / "scripts").glob("*.py")):
+        imports = [node for node in ast.parse(script.read_text()).body if isinstance(node, ast.Import | ast.ImportFrom)]
+        first = next(node for node in imports if not (isinstance(node, ast.ImportFrom) and node.module == "__future__"))
+        assert [alias.name for alias in first.names] == ["mvgpt.kit.starting"], script.name
+
+
+def test_importing_mvgpt_outside_a_script_leaves_ctrl_c_alone():
+    code = "import signal, mvgpt.kit.starting; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert done.stdout == "True\n"
+
+
 def test_a_reader_that_leaves_is_no_traceback():
     child = subprocess.Popen(script(PIPE), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert child.stdout.readline() == b"line 0\n"

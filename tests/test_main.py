@@ -115,6 +115,48 @@ def test_a_job_run_again_keeps_the_steps_it_chose(monkeypatch, data_dir, tmp_pat
     assert [c[c.index("--max-steps") + 1] for c in pretrain_commands(commands)] == ["225", "225"]
 
 
+def test_a_job_asked_for_fewer_steps_than_its_runs_trained_records_the_steps_they_trained(
+        monkeypatch, data_dir, tmp_path):
+    import main
+    from conftest import tiny_model
+
+    from mvgpt.checkpoint import save_checkpoint
+
+    fake_job(monkeypatch, data_dir, tmp_path)
+    for name in ("pretrain", "pretrain-rope"):
+        save_checkpoint(tmp_path / "checkpoints" / name, tiny_model(), step=10, args={"max_steps": 10})
+    main.main(["--out", str(tmp_path), "--device", "cpu", "--max-steps", "5"])
+    assert json.loads((tmp_path / "results" / "main-job.json").read_text())["steps"] == 10  # not the 5 asked
+
+
+def test_a_job_over_data_with_a_damaged_meta_json_keeps_it_for_its_runs_or_prepares_it_again(
+        monkeypatch, data_dir, corpus_dir, tmp_path, capsys):
+    import shutil
+
+    import main
+    import pytest
+    from conftest import tiny_model
+
+    from mvgpt.checkpoint import save_checkpoint
+
+    data = tmp_path / "data"
+    shutil.copytree(data_dir, data)
+    (data / "meta.json").write_text("{")
+    prepare = [str(ROOT / "scripts" / "prepare.py"), "--data-dir", str(data), "--source", str(corpus_dir)]
+    steps = []
+    monkeypatch.setattr(main, "run", lambda step, env: steps.append(step))
+    save_checkpoint(tmp_path / "checkpoints" / "pretrain", tiny_model(), step=3)
+    with pytest.raises(SystemExit, match=f"^error: {data} holds a tokenizer, but its meta.json is missing or damaged, "
+                                         f"and {tmp_path / 'checkpoints'} holds runs trained on it \\(pretrain\\)"):
+        main.prepare_data(prepare, {})
+    assert steps == []
+    shutil.rmtree(tmp_path / "checkpoints")
+    main.prepare_data(prepare, {})
+    assert steps == [[*prepare, "--force"]]
+    said = capsys.readouterr().out
+    assert "meta.json is missing or damaged, and no run was trained on it yet: preparing it again" in said
+
+
 def test_a_measurement_is_up_to_date_when_newer_than_every_checkpoint_it_reads(tmp_path):
     import main
     from conftest import tiny_model

@@ -147,7 +147,7 @@ def test_each_stage_is_its_work_at_the_measured_rates():
     chunks = sum(ctx * (16384 // ctx) for ctx in (256, 384, 512, 768, 1024, 1536, 2048))
     assert plan_["sweep"].what == f"{14 * chunks:,} tokens"
     # sinks: 4 streams of 1024 through three caches, and the window re-run past the first window
-    assert plan_["sinks"].seconds == pytest.approx(PROCESS_S + 4 * (3 * 1023 * 0.008 + 768 * 0.06))
+    assert plan_["sinks"].seconds == pytest.approx(PROCESS_S + plan.SINKS_SHARE * 4 * (3 * 1023 * 0.008 + 768 * 0.06))
     # LoRA: 150 eager steps of 8 x 256 in the run's dtype (half the measured batch), 48 stories, 16 evaluations
     assert plan_["LoRA fine-tune"].seconds == pytest.approx(
         PROCESS_S + 150 * LORA_OVERHEAD * 3.0 / 2 + 2 * 24 * 160 * SAMPLING_OVERHEAD * 0.008 + 2 * 8 * 0.5)
@@ -222,6 +222,28 @@ def test_a_stage_far_slower_than_planned_is_said_with_what_other_programs_took_m
     progress.done("pretrain (rope)")
     assert said[-1].startswith("\n[pretrain (rope): 11.7 min (planned 5.0 min); pretrain (rope) took 2.3x its plan: "
                                "other programs kept 1.2 cores busy meanwhile; ")
+
+
+def test_a_stage_slowed_by_other_programs_that_then_stopped_does_not_set_the_pace_of_the_rest():
+    said, now, load = [], [0.0], [1.0]
+
+    class Measured(Quiet):  # what other programs took during each stage, as the test says
+        def __exit__(self, *exc) -> None:
+            self.cores = load[0]
+
+    stages_ = [plan.Stage(name, 600.0) for name in ("pretrain (learned)", "pretrain (rope)", "context", "sweep")]
+    progress = Progress(stages_, clock=lambda: now[0], say=said.append, load=Measured)
+    now[0] = 900.0  # 1.5x, with a core taken: the pace after it is that stage's, the only one
+    progress.done("pretrain (learned)")
+    assert progress.pace == 1.5
+    load[0], now[0] = 0.0, 900.0 + 540.0  # quiet again, 0.9x: the busy stage is left out of the pace
+    progress.done("pretrain (rope)")
+    assert progress.pace == 0.9 and progress.took[-1]["left_s"] == pytest.approx(2 * 600.0 * 0.9)
+    assert ("the stages so far took 0.90x their plan (pretrain (learned) left out: other programs ran meanwhile): "
+            "the rest planned again, from 30.0 min to 18.0 min; about 18.0 min left") in said[-1]
+    load[0], now[0] = 1.0, now[0] + 900.0  # busy again: still running, so every stage counts
+    progress.done("context")
+    assert progress.pace == pytest.approx((900.0 + 540.0 + 900.0) / 1800.0)
 
 
 def test_the_rates_line_names_the_steps_only_where_they_were_measured():

@@ -304,6 +304,7 @@ def test_loopback_is_an_address_not_a_spelling(address, loopback):
     (b"GET http://localhost/api/info HTTP/1.1\r\nHost: localhost\r\n\r\n", 400,
      "the request's target must be a path, such as /api/info, not 'http://localhost/api/info'"),
     (b"GARBAGE\r\n\r\n", 400, "Bad request syntax ('GARBAGE')"),
+    (b"GET /api/info\r\n", 400, "a request line without its HTTP version is not served"),  # HTTP/0.9: no waiting
     (b"GET /api/info HTTP/x.y\r\nHost: localhost\r\n\r\n", 400, "Bad request version ('HTTP/x.y')"),
     (b"POST /api/write HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\n\r\n", 405,
      "POST is not served: ask with GET"),

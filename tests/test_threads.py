@@ -87,3 +87,18 @@ def test_threads_given_are_kept_and_a_gpu_or_several_processes_leave_torchs_own(
     assert cpu_threads(None, "cuda") is None and cpu_threads(None, "cpu", processes=2) is None
     assert isinstance(cpu_threads(None, "cpu"), Threads)
     assert describe(1) == "1 thread" and describe(4, 4, 0.1) == "4 threads (4 cores, none taken)"
+
+
+def test_a_child_waited_for_is_this_programs_own_work_not_another_programs():
+    """The main job runs each stage as a script and waits for it: its ticks are the job's, not taken."""
+    import os
+    import subprocess
+    import sys
+
+    from mvgpt.perf.measure import cpu_ticks
+
+    before = cpu_ticks()
+    subprocess.run([sys.executable, "-c", "import time\nt = time.process_time()\n"  # a second of one core
+                    "while time.process_time() - t < 1.0: pass"], check=True)
+    after = cpu_ticks()
+    assert after[1] - before[1] >= 0.9 * os.sysconf("SC_CLK_TCK")  # ours, so not counted as another program's

@@ -19,6 +19,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from mvgpt.kit import starting
+
 
 class UserError(SystemExit):
     """Something the user can fix: `error: message` on stderr and exit 1, also inside main()."""
@@ -123,6 +125,8 @@ def os_error_line(e: OSError) -> str | None:
 
 def run_main(main: Callable[[], object], interrupted: str = "run the command again to start over") -> None:
     """Run a script's main(); the user's and the machine's errors become one line on stderr."""
+    if signal.getsignal(signal.SIGINT) is starting.interrupted:  # the imports are done: Ctrl-C is caught below
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         main()
     except KeyboardInterrupt:

@@ -20,6 +20,7 @@ from tqdm import tqdm
 
 from mvgpt.kit.errors import UserError
 from mvgpt.kit.io import write_text_atomic
+from mvgpt.kit.runfolder import holds
 
 # ----------------------------------------------------------------------------------------------
 # The log: whole lines only
@@ -136,10 +137,16 @@ TAGS = {"loss": "loss/train", "grad_norm": "grad_norm", "lr": "lr", "tokens_per_
 
 
 def check_runs_dir(out_dir: Path, runs_dir: str | os.PathLike) -> None:
-    """A one-line error where TensorBoard's folder for the run would be the run folder itself."""
-    if os.path.realpath(Path(runs_dir) / out_dir.name) == os.path.realpath(out_dir):
+    """A one-line error where TensorBoard's folder for the run would be the run folder itself, or a
+    folder that holds something else of ours: another run, the data, an export, a job."""
+    folder = Path(runs_dir) / out_dir.name
+    if os.path.realpath(folder) == os.path.realpath(out_dir):
         raise UserError(f"--runs-dir {runs_dir} would put TensorBoard's files in the run folder {out_dir} itself: "
                         "give TensorBoard a folder of its own (runs, the default)")
+    found = holds(folder)
+    if found is not None and found[0] != "files":
+        raise UserError(f"--runs-dir {runs_dir} would put this run's TensorBoard files in {folder}, which holds "
+                        f"{found[1]}: give TensorBoard a folder of its own (runs, the default)")
 
 
 class RunLog:

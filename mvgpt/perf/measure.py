@@ -229,9 +229,11 @@ def kernel_names() -> Iterator[None]:
 
 
 def cpu_ticks() -> tuple[int, int] | None:
-    """(ticks the machine's cores were busy, ticks this process used), from /proc; None where the OS does
-    not say. Steal time (a hypervisor serving other guests) counts as busy: it is taken. Programs at a
-    lower priority than ours (a higher nice) count as idle: they give their core up to ours at once."""
+    """(ticks the machine's cores were busy, ticks this process and its finished children used), from /proc;
+    None where the OS does not say. A child counts once waited for: the main job's stages, each a script it
+    runs and waits for, are its own work, not other programs'. Steal time (a hypervisor serving other
+    guests) counts as busy: it is taken. Programs at a lower priority than ours (a higher nice) count as
+    idle: they give their core up to ours at once."""
     try:
         fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
         mine = Path("/proc/self/stat").read_text().rpartition(")")[2].split()
@@ -239,7 +241,7 @@ def cpu_ticks() -> tuple[int, int] | None:
         return None
     user, nice, system, idle, iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
     ours_niced = os.nice(0) > 0  # then our own ticks are in the nice column, and it must count
-    return user + system + irq + softirq + steal + (nice if ours_niced else 0), int(mine[11]) + int(mine[12])
+    return user + system + irq + softirq + steal + (nice if ours_niced else 0), sum(int(t) for t in mine[11:15])
 
 
 def cores_taken(before: tuple[int, int] | None, after: tuple[int, int] | None, seconds: float) -> float | None:
