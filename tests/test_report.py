@@ -267,8 +267,8 @@ def test_data_table_from_prepare_json(corpus_dir, tmp_path):
 def test_context_table_and_its_speed_ratios(results):
     context = report.build(results)[0]["context"]
     assert rows_of(context)[3] == ["`pretrain-rope`", "sliding cache", "2.2625", "2.00"]
-    assert ("The sliding cache writes a token 6.0× faster than the rope model's sliding window, 4.0× faster than "
-            "the learned model's, at a loss +0.0125 from the window's.") in context
+    assert ("`pretrain-rope`'s sliding cache writes a token 6.0× faster than its sliding window, 4.0× faster than "
+            "`pretrain`'s, at a loss +0.0125 from the window's.") in context
     assert "2 streams of 96 held-out tokens; loss over the tokens past the first 32, on `cpu`." in context
     assert "C step" not in context  # the committed JSON: context.py's three methods alone
 
@@ -382,16 +382,17 @@ def test_episode_table_sets_each_episode_figure_beside_ours_from_one_run_set(res
     assert f"Machine: {AMD}\n" in text and MACHINE not in text  # one machine, named once
     assert "`results/pretrain.json`" not in text and "`results/ten-minutes/" not in text
     rows = {row[0]: row[1:] for row in rows_of(text)}
-    assert rows["figure"] == ["episode (at)", "ours"]
-    assert rows["CPU ms/token: rope, sliding cache"] == ["about 2.2 (0:19, 13:37)", "2.0"]
-    assert rows["CPU: rope's window ÷ its sliding cache"] == ["about 5.3× (13:37)", "6.0×"]
-    assert rows["steps in ten minutes, rope (`pretrain.py --rope` as typed)"] == ["1,178 (9:40)", "600"]
-    assert rows["held-out loss after ten minutes, learned (as typed)"] == ["about 2.25 (16:20)", "–"]
-    assert rows["held-out loss at the end, learned"] == ["about 2.25 (16:20)", "2.38"]  # the main job's
-    assert rows["held-out loss at step 1,000, learned"] == ["about 2.31 (10:16)", "–"]  # 825 steps: none at 1,000
-    assert rows["top-1 accuracy, rope"] == ["about 51% (10:41)", "50%"]
+    assert rows["figure"] == ["episode (at)", "ours", "our run"]  # each row says which of our runs it reads
+    assert rows["CPU ms/token: rope, sliding cache"] == ["about 2.2 (0:19, 13:37)", "2.0", "the main job's"]
+    assert rows["CPU: rope's window ÷ its sliding cache"] == ["about 5.3× (13:37)", "6.0×", "the main job's"]
+    assert rows["steps in ten minutes, rope (`pretrain.py --rope` as typed)"] == [
+        "1,178 (9:40)", "600", "as typed, `pretrain-rope-2`"]
+    assert rows["held-out loss after ten minutes, learned (as typed)"] == ["about 2.25 (16:20)", "–", ""]
+    assert rows["held-out loss at the end, learned"] == ["about 2.25 (16:20)", "2.38", "the main job's"]
+    assert rows["held-out loss at step 1,000, learned"] == ["about 2.31 (10:16)", "–", ""]  # 825 steps: none at 1,000
+    assert rows["top-1 accuracy, rope"] == ["about 51% (10:41)", "50%", "the main job's"]
     assert rows["parameters fewer than with learned positions"][1] == "100"
-    assert rows["GPU ms/token: rope, sliding cache"] == ["about 3.0 (13:37)", "–"]
+    assert rows["GPU ms/token: rope, sliding cache"] == ["about 3.0 (13:37)", "–", ""]
 
 
 def test_episode_intro_sets_the_videos_headline_beside_ours_ratio_against_ratio(results):
@@ -427,8 +428,8 @@ def test_episode_training_evaluate_and_context_tables_come_from_the_one_run_set(
     assert context.startswith("From `results/amd-epyc/episode/context.json` (made by `python scripts/context.py "
                               "checkpoints/* --device cpu --json results/amd-epyc/episode/context.json`)")
     assert rows_of(context)[3] == ["`pretrain-rope`", "sliding cache", "2.2625", "2.00"]
-    assert ("The sliding cache writes a token 6.0× faster than the rope model's sliding window, 4.0× faster than "
-            "the learned model's, at a loss +0.0125 from the window's.\n\nIts notes:\n\n"
+    assert ("`pretrain-rope`'s sliding cache writes a token 6.0× faster than its sliding window, 4.0× faster than "
+            "`pretrain`'s, at a loss +0.0125 from the window's.\n\nIts notes:\n\n"
             "- pretrain: learned positions stop at 32\n\nIt took 10.0 minutes in all.\n") in context
     (results / "amd-epyc" / "episode" / "context.json").unlink()  # without it: placeholders, the rest still made
     tables, figures = report.build(results)
