@@ -1246,7 +1246,8 @@ def typed_range(r: dict) -> str:
     said = "; ".join(f"{d['val_loss']:.2f} at {d['tokens_per_s']:,.0f} tokens/s ({d['steps']:,} steps, "
                      f"{cpu(d['machine']).split(' (')[0]})" for d in runs)
     return (f"Ten minutes as typed, the rope run's held-out loss has been, over the {len(runs)} runs we committed "
-            f"({', '.join(f'`results/{n}`' for n in names)}): {said}. The loss follows the tokens a run sees, and "
+            f"({', '.join(f'`results/{n}`' for n in names)}, each made by `python scripts/pretrain.py --rope` with its "
+            f"`--json`): {said}. The loss follows the tokens a run sees, and "
             "those follow the machine's speed that day: the hosts are shared, and one kind of machine ran at "
             f"up to {spread:.1f} times the speed of another of its kind.\n")
 
