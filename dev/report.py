@@ -1337,7 +1337,31 @@ README_BLOCKS: dict[str, Callable[[dict], str]] = {
 }
 
 
+PLAN_CHECKS = ("amd-epyc/plan-check/main-job.json",)  # the jobs that recorded the estimate of the rest
+
+
+def plan_check(r: dict) -> dict:
+    """The main job's plan against its stages, in each job that recorded the estimate of the rest after each:
+    what each stage took of its estimate, and the "left" line against what the rest then took."""
+    out = ""
+    for name in (n for n in PLAN_CHECKS if n in r):
+        d, rows = r[name], []
+        for i, stage in enumerate(d["stages"]):
+            rest = sum(t["took_s"] for t in d["stages"][i + 1:])
+            said = stage.get("left_s")
+            rows.append([stage["stage"], f"{stage['planned_s'] / 60:.1f}", f"{stage['took_s'] / 60:.1f}",
+                         f"{stage['took_s'] / stage['planned_s']:.2f}" if stage["planned_s"] else "–",
+                         "–" if said is None else f"{said / 60:.1f}", f"{rest / 60:.1f}",
+                         f"{said / rest - 1:+.0%}" if said is not None and rest >= 60 else "–"])
+        out += (head((name, d)) + f"{d['steps']:,} steps a model; planned {d['planned_s'] / 60:.1f} min, took "
+                f"{d['took_s'] / 60:.1f}. Minutes; `–` where the rest was under a minute.\n\n"
+                + table(["stage", "planned", "took", "took ÷ planned", "\"left\" said after it", "the rest took",
+                         "off by"], rows, "lrrrrrr") + "\n")
+    return {"plan-check": out or PLACEHOLDER.format(missing=", ".join(PLAN_CHECKS))}
+
+
 OUTPUTS: list[tuple[tuple[str, ...], tuple[str, ...], Callable[[dict], dict], tuple[str, ...]]] = [
+    ((), PLAN_CHECKS, plan_check, ("plan-check",)),
     # (JSON needed, JSON used if present, writer, what it writes)
     (tuple(RUNS), (), training, ("training", "training-loss.png")),
     (("evaluate.json",), (), evaluate, ("evaluate",)),

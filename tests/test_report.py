@@ -847,3 +847,22 @@ def test_decode_parts_table_sets_the_calls_parts_beside_their_floors():
     assert "2 threads, 255 held; 40 turns of 16 steps each, each step timed after a read" in table
     assert "at 50.0 GB/s" in table
     assert "Not measured yet" in report.decode_parts({})["decode-parts"]
+
+
+def test_the_plan_check_sets_each_left_line_beside_what_the_rest_took(results):
+    job = {"command": "python scripts/main.py --source DIR", "machine": "Made-up CPU", "steps": 300,
+           "planned_s": 1500.0, "took_s": 1560.0, "stages": [
+               {"stage": "pretrain (learned)", "planned_s": 600.0, "took_s": 660.0, "other_cores": 0.0,
+                "left_s": 990.0},
+               {"stage": "evaluate", "planned_s": 600.0, "took_s": 870.0, "other_cores": 0.0, "left_s": 40.0},
+               {"stage": "report", "planned_s": 30.0, "took_s": 30.0, "other_cores": 0.0, "left_s": 0.0}]}
+    (results / "amd-epyc" / "plan-check").mkdir(parents=True)
+    (results / "amd-epyc" / "plan-check" / "main-job.json").write_text(json.dumps(job))
+    text = report.build(results)[0]["plan-check"]
+    assert "300 steps a model; planned 25.0 min, took 26.0." in text
+    assert rows_of(text)[1:] == [  # 990 s said after the first stage, against the 900 the rest took: +10%
+        ["pretrain (learned)", "10.0", "11.0", "1.10", "16.5", "15.0", "+10%"],
+        ["evaluate", "10.0", "14.5", "1.45", "0.7", "0.5", "–"],  # under a minute left: not a share
+        ["report", "0.5", "0.5", "1.00", "0.0", "0.0", "–"]]
+    (results / "amd-epyc" / "plan-check" / "main-job.json").unlink()
+    assert report.build(results)[0]["plan-check"].startswith('!!! note "Not measured yet"')
