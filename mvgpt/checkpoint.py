@@ -269,7 +269,10 @@ def find_models(paths: list[str], tokenizer_hash: str | None = None) -> tuple[li
                 continue
             models.append(ModelSource(f"{path.name} (LoRA on {base.parent.name})", text, base, adapter))
         else:
-            skipped.append(f"{text} (no checkpoint or LoRA adapter in it)")
+            runs = path.is_dir() and any(checkpoint_path(d).is_file() or adapter_path(d).is_file()
+                                         for d in path.iterdir() if d.is_dir())
+            skipped.append(f"{text} (no checkpoint or LoRA adapter in it" + (
+                f"; it holds run folders: name them, e.g. {text.rstrip('/')}/*)" if runs else ")"))
             continue
         same = seen.setdefault(models[-1].files(), text)
         if same is not text:  # one model named twice (pretrain, ./pretrain/, pretrain/ckpt.pt): one row, not two

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from tqdm import tqdm
 
-from mvgpt.kit.errors import DISK_FULL, UserError
+from mvgpt.kit.errors import DISK_FULL, UserError, no_room
 from mvgpt.kit.io import atomic_path, pid_alive, write_text_atomic
 from mvgpt.tokenizer import EOT, Tokenizer, file_hash, train_tokenizer
 
@@ -94,6 +94,11 @@ def read_text(path: Path) -> str:
     try:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
+        packed = {b"\x1f\x8b": ("gzip", "gunzip -k"), b"PK": ("zip", "unzip"), b"BZ": ("bzip2", "bunzip2 -k"),
+                  b"\xfd7": ("xz", "unxz -k")}.get(e.object[:2])
+        if packed:  # compressed text: its fix is to unpack it, not to convert an encoding
+            raise DataError(f"{path} is compressed ({packed[0]}), not text: unpack it first, e.g. `{packed[1]} "
+                            f"{path}`, and pass --source the text") from None
         raise DataError(
             f"{path} is not UTF-8 text (byte {e.start} is {e.object[e.start:e.start + 1]!r}): convert it, "
             f"e.g. `iconv -f latin1 -t utf-8 {path} > stories.txt`, and pass --source the new file"
@@ -206,6 +211,8 @@ def read_meta(data_dir: Path) -> dict | None:
                 return None
         if file_hash(data_dir / "tokenizer.json") != meta["tokenizer_hash"]:
             return None
+        if len(json.loads((data_dir / "tokenizer.json").read_text())["ranks"]) + 1 != vocab:
+            return None  # the vocabulary meta.json says is not the tokenizer's: a model sized by it would be wrong
         return meta
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -288,7 +295,7 @@ def prepare(
     if meta is not None and not replace and not force:
         raise DataError(
             f"{data_dir} holds data prepared from {meta.get('source')} (vocabulary {meta.get('vocab_size')}, "
-            f"tokenizer {meta.get('tokenizer_hash')}), which the runs trained on it need: prepare into another "
+            f"tokenizer {meta.get('tokenizer_hash')}), which any run trained on it needs: prepare into another "
             "--data-dir, or pass --force to replace it"
         )
     staging = data_dir / f"{STAGING}{os.getpid()}"
@@ -317,8 +324,9 @@ def prepare(
     except BaseException as e:  # Ctrl-C or a full disk included: leave nothing half-made behind
         shutil.rmtree(staging, ignore_errors=True)
         if isinstance(e, OSError) and e.errno in DISK_FULL:
-            raise DataError(f"the disk is full: {data_dir} was not prepared (the data there before, if any, is as "
-                            "it was): free some space and run again") from None
+            cause, fix = no_room(e)
+            raise DataError(f"{cause}: {data_dir} was not prepared (the data there before, if any, is as it was): "
+                            f"{fix}") from None
         raise
     move_in(staging, data_dir)
     return meta

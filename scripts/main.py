@@ -54,7 +54,7 @@ from mvgpt.device import machine, pick_device
 from mvgpt.extension.rope_scaling import SCALING_METHODS
 from mvgpt.kit.errors import ArgumentParser, UserError, positive_int, run_main, writable_folder
 from mvgpt.kit.io import write_json
-from mvgpt.kit.runfolder import holds
+from mvgpt.kit.runfolder import holds, named, run_folders
 from mvgpt.lora import ADAPTER_NAME, read_adapter
 from mvgpt.train import STEPS_WARMUP_SHARE, WARMUP_STEPS
 
@@ -138,7 +138,8 @@ def train(step: list[str], run_dir: Path, steps: int, summary: Path, common: lis
         return
     if done >= steps:
         print(f"\n{run_dir} has trained {done} steps, but {summary} was not written after it: writing it")
-    run([*step, *common, "--out-dir", str(run_dir), "--json", str(summary)] + (["--resume"] if done else []), env)
+    again = ["--resume"] if done else ["--overwrite"] if (holds(run_dir) or ("",))[0] == "log" else []  # no save yet
+    run([*step, *common, "--out-dir", str(run_dir), "--json", str(summary)] + again, env)
 
 
 def prepare_data(step: list[str], env: dict) -> None:
@@ -149,10 +150,9 @@ def prepare_data(step: list[str], env: dict) -> None:
     found = holds(data.parent)
     if found is not None and found[0] not in ("job", "files"):
         raise UserError(f"--out {data.parent} holds {found[1]}: give the job a folder of its own")
-    runs = sorted(d.name for d in data.parent.glob("*") if (holds(d) or ("",))[0] in ("checkpoint", "lora"))
+    runs = run_folders(data.parent)
     if found is not None and found[0] == "files" and runs:  # a checkpoints/ folder: the job would mix among its runs
-        raise UserError(f"--out {data.parent} holds runs ({', '.join(runs[:3])}{', ...' if len(runs) > 3 else ''}): "
-                        "give the job a folder of its own")
+        raise UserError(f"--out {data.parent} holds runs ({named(runs)}): give the job a folder of its own")
     source, meta = flag_value(step, "--source") or os.environ.get(SOURCE_ENV), read_meta(data)
     vocab = int(flag_value(step, "--vocab-size") or 8192)  # prepare.py's default
     damaged = meta is None and (data / "tokenizer.json").exists()  # a meta.json lost or damaged: not "no data"
@@ -288,6 +288,10 @@ def main(argv: list[str] | None = None) -> None:
     data_flag = ["--data-dir", str(data)]
     window = 32 if args.tiny else 256
     common = [*device, *data_flag, "--runs-dir", str(runs)]  # every training step's
+    for what, path in (("data", data), ("checkpoints", ckpts), ("TensorBoard logs", runs), ("results", results)):
+        if path.exists() and not path.is_dir():  # said by the job, not by a step's flag the user never typed
+            raise UserError(f"{path} is a file, where the main job keeps its {what}: move it away, or give the job "
+                            "another --out")
 
     # the data: a tokenizer and token files (skipped when data/ is prepared already)
     prepare = [str(SCRIPTS / "prepare.py"), *data_flag, "--json", str(results / "data.json")]

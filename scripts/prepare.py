@@ -35,9 +35,9 @@ from mvgpt.data import (
     source_arg,
     source_files,
 )
-from mvgpt.kit.errors import ArgumentParser, non_negative_float, number, run_main, writable_folder
+from mvgpt.kit.errors import ArgumentParser, UserError, non_negative_float, number, run_main, writable_folder
 from mvgpt.kit.io import write_json
-from mvgpt.kit.runfolder import claim, claim_file, holds, writable_file
+from mvgpt.kit.runfolder import claim, claim_file, holds, named, run_folders, writable_file
 
 
 def data_counts(meta: dict, command: list[str]) -> dict:
@@ -73,6 +73,9 @@ def main(argv: list[str] | None = None) -> dict:
         clashes = found[0] == "files" and any((data_dir / name).exists() for name in PREPARED)
         if found[0] != "files" or clashes:
             claim(data_dir, "data", "--data-dir", overwrite=args.force, overwrite_flag="--force")
+    runs = run_folders(data_dir)
+    if found is not None and found[0] == "files" and runs:  # a checkpoints/ folder: data among its runs
+        raise UserError(f"--data-dir {data_dir} holds runs ({named(runs)}): give the data a folder of its own")
     source = resolve_source(args.source, data_dir, args.max_train_mb)
     if args.json:
         claim_file(args.json, "--json", reads={f"--source ({f.name})": f for f in source_files(source)},

@@ -14,6 +14,7 @@ writes it; test_the_docs_page_is_up_to_date fails when it has drifted.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import os
@@ -69,6 +70,10 @@ CASES: list[Case] = [
     Case("prepare", "--source latin1.txt", "is not UTF-8 text", "a source in another encoding"),
     Case("prepare", "--source notes.txt", "no <|endoftext|> separators"),
     Case("prepare", "--source ''", "argument --source: is empty", "an unset variable ($SOURCE)"),
+    Case("prepare", "--source stories --data-dir checkpoints", "--data-dir checkpoints holds runs (busy, lora-r2, "
+         "pretrain, ...): give the data a folder of its own", "data among the run folders"),
+    Case("prepare", "--source stories.gz", "stories.gz is compressed (gzip), not text: unpack it first",
+         "a download not unpacked"),
     Case("prepare", "--source two.txt --data-dir tiny-data", "is too short to learn a single merge",
          "two one-letter stories: a tokenizer of bytes alone, which no script could read"),
     Case("prepare", "--source stories --data-dir damaged-data", "its meta.json is missing or damaged",
@@ -116,6 +121,8 @@ CASES: list[Case] = [
     Case("pretrain", "--max-steps 1 --out-dir checkpoints/new --json ''", "argument --json: an empty name"),
     Case("pretrain", "--max-steps 1 --out-dir checkpoints/new --runs-dir checkpoints",
          "give TensorBoard a folder of its own", "TensorBoard's files inside the run folder"),
+    Case("pretrain", "--max-steps 1 --out-dir stopped", "holds a run's log, with no checkpoint yet (a run stopped "
+         "before its first save): start it again with --overwrite", "a run's folder with its log alone: kept"),
     Case("pretrain", "--max-steps 1 --out-dir elsewhere/pretrain --runs-dir checkpoints",
          "TensorBoard files in checkpoints/pretrain, which holds a run (ckpt.pt)",
          "TensorBoard's files in another run's folder"),
@@ -125,6 +132,8 @@ CASES: list[Case] = [
          "a text file named like a checkpoint"),
     # evaluate
     Case("evaluate", "checkpoints/pretrain --tokens 0", "--tokens: 0 is out of range"),
+    Case("evaluate", "checkpoints", "it holds run folders: name them, e.g. checkpoints/*",
+         "the folder of runs, where each run was meant"),
     Case("evaluate", "checkpoints/pretrain --batch-size 0", "--batch-size: 0 is out of range"),
     Case("evaluate", "checkpoints/missing", "nothing at checkpoints/missing: give a run folder"),
     Case("evaluate", "corrupt.pt", "truncated or corrupt"),
@@ -217,6 +226,8 @@ CASES: list[Case] = [
     Case("export_check", "checkpoints/missing", "no checkpoint at checkpoints/missing: train one"),
     # finetune
     Case("finetune", "--rank 0", "argument --rank: 0 is out of range: give a whole number >= 1"),
+    Case("finetune", "--init-from checkpoints/pretrain-rope --out-dir stopped", "a run stopped before its first "
+         "save): start it again with --overwrite", "a LoRA run whose adapter is gone: its log kept"),
     Case("finetune", "--alpha inf", "argument --alpha: inf is not a finite number: give a number above 0"),
     Case("finetune", "--lr nan", "argument --lr: nan is not a finite number: give a number above 0"),
     Case("finetune", "--grad-clip -1", "--grad-clip: -1 is out of range"),
@@ -244,6 +255,8 @@ CASES: list[Case] = [
     Case("main", "--finetune-steps -1", "--finetune-steps: -1 is out of range"),
     Case("main", "--out notes.txt", "notes.txt is a file: give a folder"),
     Case("main", "--source missing --out job", "source missing does not exist", "said before any step starts"),
+    Case("main", "--tiny --out filejob --plan-only", "filejob/data is a file, where the main job keeps its data",
+         "a file where the job's folder goes: said by main, not by a step's flag"),
     Case("main", "--tiny --out checkpoints --plan-only", "--out checkpoints holds runs (busy, lora-r2, pretrain, ...)",
          "a folder of runs, where the job's data and results would mix in among them"),
 ]
@@ -281,6 +294,12 @@ def make_world(root: Path) -> Path:
     (root / "checkpoints" / "busy" / "lock").write_text(str(os.getpid()))  # this process: alive all along
     (root / "latin1.txt").write_bytes("Zoë saw a café.\n<|endoftext|>\nTom too.\n<|endoftext|>\n".encode("latin-1"))
     (root / "notes.txt").write_text("a file of the user's, not a folder\n")
+    (root / "filejob").mkdir()
+    (root / "filejob" / "data").write_text("a file of the user's\n")
+    with gzip.open(root / "stories.gz", "wb") as f:
+        f.write((root / "stories" / "train.txt").read_bytes())
+    (root / "stopped").mkdir()  # a run that stopped before its first save: its log alone
+    (root / "stopped" / "log.jsonl").write_text('{"step": 1, "loss": 5.5}\n')
     (root / "two.txt").write_text("a\n<|endoftext|>\nb\n<|endoftext|>\n")  # no pair of bytes repeats
     shutil.copytree(root / "data", root / "damaged-data")
     (root / "damaged-data" / "meta.json").write_text("{")

@@ -286,12 +286,14 @@ def test_source_from_environment(tmp_path, monkeypatch, corpus_dir):
     assert resolve_source(str(tmp_path), tmp_path) == tmp_path  # --source wins
 
 
-@pytest.mark.parametrize("meta", ["null", "[]", '"text"', '{"vocab_size": -5}', '{"vocab_size": true}'])
+@pytest.mark.parametrize("meta", ["null", "[]", '"text"', '{"vocab_size": -5}', '{"vocab_size": true}', "edited"])
 def test_a_meta_json_that_is_not_ours_is_no_prepared_data_and_says_how_to_prepare(data_dir, tmp_path, meta):
     import shutil
 
     copy = tmp_path / "data"
     shutil.copytree(data_dir, copy)
+    if meta == "edited":  # the vocabulary changed by hand, every other field as prepared: not the tokenizer's
+        meta = json.dumps({**json.loads((copy / "meta.json").read_text()), "vocab_size": 9999})
     (copy / "meta.json").write_text(meta)
     assert read_meta(copy) is None
     with pytest.raises(SystemExit) as e:
@@ -314,6 +316,35 @@ def test_data_whose_meta_json_is_damaged_is_not_replaced_without_force(data_dir,
         prepare(corpus_dir, copy, vocab_size=300, replace=False)
     assert hashes(copy) == before
     assert prepare(corpus_dir, copy, vocab_size=300, force=True)["vocab_size"] == 300 and read_meta(copy)
+
+
+@pytest.mark.parametrize("script, args, made", [
+    ("prepare.py", ["--source", "{corpus}", "--data-dir", "{tmp}/d"], "{tmp}/d"),
+    ("export.py", ["{ckpt}", "{tmp}/hf", "--data-dir", "{data}"], "{tmp}/hf"),
+])
+def test_a_file_size_limit_is_one_line_and_nothing_half_written(script, args, made, corpus_dir, data_dir, tmp_path):
+    """`ulimit -f`, or a file system's largest file: the write fails with EFBIG, not ENOSPC; one line all the same."""
+    import resource
+
+    from conftest import tiny_model
+
+    from mvgpt.checkpoint import save_checkpoint
+    from mvgpt.data import data_tokenizer_hash
+
+    if script == "export.py":
+        pytest.importorskip("safetensors", reason="export needs `pip install -e '.[export]'`")
+    save_checkpoint(tmp_path / "run", tiny_model(vocab_size=300, block_size=32, n_embd=64), step=1,
+                    tokenizer_hash=data_tokenizer_hash(data_dir))
+    fill = {"corpus": corpus_dir, "tmp": tmp_path, "ckpt": tmp_path / "run", "data": data_dir}
+    limit = 16 * 1024  # bytes: less than the training tokens (39 KB) or the weights need, more than the tokenizer
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / script), *(a.format(**fill) for a in args)], capture_output=True,
+        text=True, timeout=300, cwd=tmp_path,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)))
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert "a file grew past the size this system allows" in done.stderr and "Traceback" not in done.stderr
+    assert not Path(made.format(**fill)).exists() or not any(Path(made.format(**fill)).iterdir())
 
 
 def test_a_source_too_short_for_a_single_merge_is_refused_and_nothing_is_written(tmp_path):

@@ -97,7 +97,10 @@ def raises(exc):
     (PermissionError(errno.EACCES, "Permission denied", "/out"),
      "error: Permission denied (/out): pick a path you can write, or fix its permissions\n"),
     (OSError(errno.ENOSPC, "No space left on device", "data/train.bin"),
-     "error: the disk is full (data/train.bin): free some space (or write elsewhere) and run again\n"),
+     "error: the disk is full (data/train.bin): free some space and run again\n"),
+    (OSError(errno.EFBIG, "File too large", "data/train.bin"),  # `ulimit -f`: no room either, another fix
+     "error: a file grew past the size this system allows (File too large: `ulimit -f`, or the file system's limit) "
+     "(data/train.bin): raise the limit, or write elsewhere, and run again\n"),
     (OSError(errno.EROFS, "Read-only file system", "/ro/x"),
      "error: Read-only file system (/ro/x): pick a path you can write, or fix its permissions\n"),
 ])

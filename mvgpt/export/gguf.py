@@ -38,7 +38,7 @@ import torch
 
 from mvgpt.export.hf import LAYER_NORM_EPS, ExportError, bpe_vocab_and_merges
 from mvgpt.extension.rope_scaling import RopeScaling
-from mvgpt.kit.errors import DISK_FULL
+from mvgpt.kit.errors import DISK_FULL, no_room
 from mvgpt.kit.io import atomic_path
 from mvgpt.model import GPT, GPTConfig
 from mvgpt.tokenizer import EOT, Tokenizer
@@ -217,8 +217,8 @@ def export_gguf(
             w.close()
     except OSError as e:  # numpy's short write says "N requested and M written", with no errno
         if e.errno in DISK_FULL or (e.errno is None and "written" in str(e)):
-            raise ExportError(f"the disk is full: {path} not written (the file there before, if any, is "
-                              "kept): free some space and run again") from None
+            cause, fix = no_room(e) if e.errno else ("the disk is full", "free some space and run again")
+            raise ExportError(f"{cause}: {path} not written (the file there before, if any, is kept): {fix}") from None
         raise
     return path
 

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from mvgpt.extension.rope_scaling import RopeScaling
-from mvgpt.kit.errors import DISK_FULL
+from mvgpt.kit.errors import DISK_FULL, no_room
 from mvgpt.kit.io import atomic_path, write_text_atomic
 from mvgpt.model import GPT, GPTConfig
 from mvgpt.tokenizer import EOT, Tokenizer
@@ -418,8 +418,9 @@ def export(
             os.replace(f, outdir / f.name)
     except OSError as e:
         if e.errno in DISK_FULL:
-            raise ExportError(f"the disk is full: the export to {outdir} was not written (what it held before is "
-                              "kept): free some space and run again") from None
+            cause, fix = no_room(e)
+            raise ExportError(f"{cause}: the export to {outdir} was not written (what it held before is kept): "
+                              f"{fix}") from None
         raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)

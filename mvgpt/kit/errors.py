@@ -108,14 +108,24 @@ def writable_folder(text: str) -> str:
 # ----------------------------------------------------------------------------------------------
 # The guard around main()
 
-DISK_FULL = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
+DISK_FULL = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC), errno.EFBIG}  # no room for what is written
+
+
+def no_room(e: OSError) -> tuple[str, str]:
+    """Why a write of ours found no room (e.errno in DISK_FULL), and the fix: a full disk, or a file grown past
+    the size this system allows (`ulimit -f`, or the file system's largest file)."""
+    if e.errno == errno.EFBIG:
+        return ("a file grew past the size this system allows (File too large: `ulimit -f`, or the file system's "
+                "limit)", "raise the limit, or write elsewhere, and run again")
+    return "the disk is full", "free some space and run again"
 
 
 def os_error_line(e: OSError) -> str | None:
     """One line for an OSError caused by the user's files or the machine; None for anything else."""
     where = f" ({e.filename})" if e.filename else ""
     if e.errno in DISK_FULL:
-        return f"the disk is full{where}: free some space (or write elsewhere) and run again"
+        cause, fix = no_room(e)
+        return f"{cause}{where}: {fix}"
     if isinstance(e, PermissionError) or e.errno == errno.EROFS:
         return f"{e.strerror}{where}: pick a path you can write, or fix its permissions"
     if isinstance(e, (FileNotFoundError, NotADirectoryError, IsADirectoryError)) and e.filename:

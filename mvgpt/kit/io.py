@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from mvgpt.kit.errors import DISK_FULL, UserError
+from mvgpt.kit.errors import DISK_FULL, UserError, no_room
 
 
 def pid_alive(pid: int) -> bool:
@@ -87,21 +87,21 @@ class CheckpointError(UserError):
 def write_state(path: Path, state: dict, what: str) -> Path:
     """torch.save(state) to path atomically; a full disk or a folder we may not write is one line,
     and the previous file, if any, is kept. Adapters (mvgpt/lora.py) are written the same way."""
-    full = (f"the disk is full: {path} not saved (the previous {what}, if any, is kept): free some space and "
-            "run again")
     try:  # through our own file object, so a full disk is mostly an OSError (ENOSPC)
         with atomic_path(path) as tmp, open(tmp, "wb") as f:
             torch.save(state, f)
     except OSError as e:
         if e.errno in DISK_FULL:
-            raise CheckpointError(full) from None
+            cause, fix = no_room(e)
+            raise CheckpointError(f"{cause}: {path} not saved (the previous {what}, if any, is kept): {fix}") from None
         raise CheckpointError(f"cannot write {path} ({e.strerror}; the previous {what}, if any, is kept): "
                               "pick a folder you can write, or fix its permissions") from None
     except RuntimeError as e:  # torch's zip writer, when a write fails inside it ("unexpected pos", ...)
         if "inline_container" not in str(e) and "PytorchStreamWriter" not in str(e):
             raise
         if free_bytes(path.parent) < MIN_FREE:
-            raise CheckpointError(full) from None
+            raise CheckpointError(f"the disk is full: {path} not saved (the previous {what}, if any, is kept): free "
+                                  "some space and run again") from None
         raise CheckpointError(f"cannot write {path} (torch's writer stopped: {str(e).splitlines()[0][:100]}; the "
                               f"previous {what}, if any, is kept): check the disk, and run again") from None
     return path

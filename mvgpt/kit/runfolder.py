@@ -78,6 +78,18 @@ def holds(folder: str | os.PathLike) -> tuple[str, str] | None:
     return "files", f"files of its own ({shown})"
 
 
+def run_folders(folder: str | os.PathLike) -> list[str]:
+    """The names of the folders in `folder` that hold a run (a checkpoint or an adapter): a checkpoints/ folder."""
+    try:
+        return sorted(d.name for d in Path(folder).iterdir() if holds(d) and holds(d)[0] in ("checkpoint", "lora"))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def named(names: list[str], most: int = 3) -> str:
+    return ", ".join(names[:most]) + (", ..." if len(names) > most else "")
+
+
 def _run_log(path: Path) -> bool:
     """Is this log.jsonl a run's (its first line a record with a step), not someone's file of that name?"""
     try:
@@ -185,9 +197,14 @@ def claim(
         raise UserError(f"{named} is where {source} is read from: writing there would replace it "
                         f"({overwrite_flag} never means an input): pick another folder")
     found = holds(folder)
-    if found is None or (found[0] == "log" and kind in ("checkpoint", "lora")):
+    if found is None:
         return
     what, desc = found
+    if what == "log" and kind in ("checkpoint", "lora"):  # a run stopped before its first save: its log is kept
+        if overwrite:  # unless asked: the run starts again, and its log with it
+            return
+        raise UserError(f"{folder} holds {desc} (a run stopped before its first save): start it again with "
+                        f"{overwrite_flag}, which replaces its log, or pick another folder")
     if what == kind:
         if resume or overwrite:
             return
