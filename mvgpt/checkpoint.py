@@ -107,7 +107,11 @@ def config_from_dict(saved: dict) -> GPTConfig:
         raise CheckpointError("the checkpoint's config is not a dict: the file is corrupt or not mvGPT's")
     known = {f.name: f.default for f in fields(GPTConfig)}
     missing = sorted(known.keys() - saved.keys())
-    if missing:
+    shapes = [m for m in missing if m in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd")]
+    if shapes:  # every checkpoint we ever wrote has its shapes: a default would only fail at the weights
+        raise CheckpointError(f"the checkpoint's config has no {', '.join(shapes)}: the file is damaged or not "
+                              "mvGPT's")
+    if missing:  # settings added since (rope, its base and scaling): an older checkpoint has the defaults
         log.warning("checkpoint config has no %s: using defaults (%s)", ", ".join(missing),
                     ", ".join(f"{m}={known[m]!r}" for m in missing))
     values = {k: v for k, v in saved.items() if k in known}

@@ -39,6 +39,16 @@ def test_old_config_without_rope_loads_with_its_table(tmp_path, caplog):
     assert again(idx)[0].equal(model(idx)[0])
 
 
+def test_a_config_without_its_shapes_is_one_line_not_a_default_and_a_mismatch(tmp_path):
+    model = tiny_model()
+    config = asdict(model.config)
+    del config["n_embd"]  # a default of 384 would only fail at the weights, after a misleading note
+    torch.save({"model": model.state_dict(), "config": config}, tmp_path / "cut.pt")
+    with pytest.raises(SystemExit) as e:
+        load_model(tmp_path / "cut.pt")
+    assert one_line_error(e).endswith("the checkpoint's config has no n_embd: the file is damaged or not mvGPT's")
+
+
 def one_line_error(excinfo) -> str:
     message = str(excinfo.value.code)
     assert message.startswith("error:") and "\n" not in message
