@@ -39,6 +39,7 @@ import torch
 from mvgpt.data import tokenizer_vocab
 from mvgpt.device import memory_bytes
 from mvgpt.kit.io import CheckpointError, first_non_finite, load_state, write_state
+from mvgpt.kit.runfolder import run_folders
 from mvgpt.lora import adapter_path, check_base, load_adapter, read_adapter, weights_hash
 from mvgpt.model import GPT, GPTConfig
 
@@ -273,8 +274,7 @@ def find_models(paths: list[str], tokenizer_hash: str | None = None) -> tuple[li
                 continue
             models.append(ModelSource(f"{path.name} (LoRA on {base.parent.name})", text, base, adapter))
         else:
-            runs = path.is_dir() and any(checkpoint_path(d).is_file() or adapter_path(d).is_file()
-                                         for d in path.iterdir() if d.is_dir())
+            runs = run_folders(path)
             skipped.append(f"{text} (no checkpoint or LoRA adapter in it" + (
                 f"; it holds run folders: name them, e.g. {text.rstrip('/')}/*)" if runs else ")"))
             continue

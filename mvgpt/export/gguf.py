@@ -217,7 +217,7 @@ def export_gguf(
             w.close()
     except OSError as e:  # numpy's short write says "N requested and M written", with no errno
         if e.errno in DISK_FULL or (e.errno is None and "written" in str(e)):
-            cause, fix = no_room(e) if e.errno else ("the disk is full", "free some space and run again")
+            cause, fix = no_room(e)  # no errno (numpy's short write): a full disk
             raise ExportError(f"{cause}: {path} not written (the file there before, if any, is kept): {fix}") from None
         raise
     return path

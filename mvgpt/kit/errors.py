@@ -112,8 +112,8 @@ DISK_FULL = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC), errno.EFBIG} 
 
 
 def no_room(e: OSError) -> tuple[str, str]:
-    """Why a write of ours found no room (e.errno in DISK_FULL), and the fix: a full disk, or a file grown past
-    the size this system allows (`ulimit -f`, or the file system's largest file)."""
+    """Why a write of ours found no room (e.errno in DISK_FULL, or None where a writer gave none), and the fix:
+    a full disk, or a file grown past the size this system allows (`ulimit -f`, or the file system's largest)."""
     if e.errno == errno.EFBIG:
         return ("a file grew past the size this system allows (File too large: `ulimit -f`, or the file system's "
                 "limit)", "raise the limit, or write elsewhere, and run again")

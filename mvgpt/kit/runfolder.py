@@ -81,7 +81,7 @@ def holds(folder: str | os.PathLike) -> tuple[str, str] | None:
 def run_folders(folder: str | os.PathLike) -> list[str]:
     """The names of the folders in `folder` that hold a run (a checkpoint or an adapter): a checkpoints/ folder."""
     try:
-        return sorted(d.name for d in Path(folder).iterdir() if holds(d) and holds(d)[0] in ("checkpoint", "lora"))
+        return sorted(d.name for d in Path(folder).iterdir() if (holds(d) or ("",))[0] in ("checkpoint", "lora"))
     except (FileNotFoundError, NotADirectoryError):
         return []
 
