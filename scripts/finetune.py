@@ -58,6 +58,7 @@ from mvgpt.instruct import (
 from mvgpt.kit.errors import (
     ArgumentParser,
     UserError,
+    again,
     folder_name,
     non_negative_float,
     non_negative_int,
@@ -364,7 +365,7 @@ def train(model: GPT, args: argparse.Namespace, device, tok_hash: str | None, ou
                 if step % args.ckpt_every == 0 or stop.signal is not None:
                     save()
                 if stop.signal is not None:
-                    log.say(f"interrupted at step {step}: saved {out_dir}; continue with --resume")
+                    log.say(f"interrupted at step {step}: saved {out_dir}; {again('continue with --resume')}")
                     raise SystemExit(130 if stop.signal == signal.SIGINT else 143)
             if step == start:  # resumed when it had finished: nothing trained, the adapter stays as it is
                 val_loss, path = read_adapter(out_dir).get("val_loss"), adapter_path(out_dir)

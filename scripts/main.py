@@ -52,7 +52,7 @@ from mvgpt.data import (
 )
 from mvgpt.device import machine, pick_device
 from mvgpt.extension.rope_scaling import SCALING_METHODS
-from mvgpt.kit.errors import ArgumentParser, UserError, positive_int, run_main, writable_folder
+from mvgpt.kit.errors import JOB_AGAIN, ArgumentParser, UserError, positive_int, run_main, writable_folder
 from mvgpt.kit.io import write_json
 from mvgpt.kit.runfolder import holds, named, run_folders
 from mvgpt.lora import ADAPTER_NAME, read_adapter
@@ -61,6 +61,7 @@ from mvgpt.train import STEPS_WARMUP_SHARE, WARMUP_STEPS
 SCRIPTS = Path(__file__).resolve().parent
 ROOT = SCRIPTS.parent
 STEPS = 1000  # the committed runs' count: 11 to 16 minutes for each kind on a 2-core CPU with bf16 matrix units
+AGAIN = "run the same command again: the steps done are skipped, training resumes"  # after a stop
 TINY = ["--n-layer", "2", "--n-head", "2", "--n-embd", "64", "--block-size", "32", "--batch-size", "4"]
 
 
@@ -283,7 +284,7 @@ def main(argv: list[str] | None = None) -> None:
 
     out = Path(args.out or ("tiny" if args.tiny else "."))  # a tiny check never overwrites the real results
     data, ckpts, runs, results = out / "data", out / "checkpoints", out / "runs", out / "results"
-    env = dict(os.environ)
+    env = dict(os.environ, **{JOB_AGAIN: AGAIN})  # a step stopped by Ctrl-C says how to go on with the job
     device = ["--device", args.device] if args.device else []
     data_flag = ["--data-dir", str(data)]
     window = 32 if args.tiny else 256
@@ -366,4 +367,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    run_main(main, interrupted="run the same command again: the steps done are skipped, training resumes")
+    run_main(main, interrupted=AGAIN)

@@ -70,6 +70,7 @@ from mvgpt.extension.rope_scaling import SCALING_METHODS
 from mvgpt.kit.errors import (
     ArgumentParser,
     UserError,
+    again,
     folder_name,
     non_negative_float,
     non_negative_int,
@@ -482,7 +483,7 @@ def train(run: dict, args: argparse.Namespace) -> dict:
             log.say(f"step {step}: loss {loss_value:.4f}" + (f", held-out {val_loss:.4f}" if due else "")
                     + f", {speeds[-1]:,.0f} tokens/s, {elapsed / 60:.1f} min" + (", checkpoint saved" if saved else ""))
         if stopping:
-            log.say(f"interrupted at step {step}: saved {out_dir}; continue with --resume")
+            log.say(f"interrupted at step {step}: saved {out_dir}; {again('continue with --resume')}")
             raise SystemExit(130 if stop.signal == signal.SIGINT else 143)
     # a last evaluation at the step the run stopped at, and the final checkpoint
     if not evals or evals[-1]["step"] != step:

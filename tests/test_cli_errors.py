@@ -527,6 +527,10 @@ def test_main_stopped_midway_keeps_its_data_and_checkpoint(world, sig):
     assert read_meta(out / "data") is not None and read_checkpoint(out / "checkpoints" / "pretrain")["step"] >= 1
     if sig == signal.SIGINT:
         assert not list(out.rglob(".*tmp*")) and not (out / "checkpoints" / "pretrain" / "lock").exists()
+        # the step's own line gives the job's advice, not a flag of the step's command, which the user never typed
+        said = (world.parent / "midway.out").read_text() + err
+        assert "run the same command again: the steps done are skipped, training resumes" in said, said
+        assert "--resume" not in said, said
 
 
 @pytest.mark.parametrize("fmt, lacking", [("hf", "safetensors and tokenizers are"), ("gguf", "gguf is")])

@@ -176,9 +176,10 @@ def test_a_reader_that_leaves_is_no_traceback():
 
 MAIN_STEP = f"""
 import sys; sys.path.insert(0, {str(ROOT / 'scripts')!r})
-import main
-from mvgpt.kit.errors import run_main
-run_main(lambda: main.run(["-c", {SLEEPER!r}], None), interrupted="run main.py again")
+import os, main
+from mvgpt.kit.errors import JOB_AGAIN, run_main
+run_main(lambda: main.run(["-c", {SLEEPER!r}], dict(os.environ, **{{JOB_AGAIN: "run main.py again"}})),
+         interrupted="run main.py again")
 """
 
 
@@ -195,7 +196,8 @@ def test_ctrl_c_in_main_stops_its_step_and_says_so_once(group):
     else:
         child.send_signal(signal.SIGINT)
     _, err = child.communicate(timeout=60)
-    assert child.returncode == 130 and err == "interrupted (Ctrl-C): run the command again to start over\n"
+    # one line, the step's, with the job's advice (main.py's, not the step's own command line's)
+    assert child.returncode == 130 and err == "interrupted (Ctrl-C): run main.py again\n"
 
 
 def test_an_output_through_a_symbolic_link_writes_its_target_and_a_device_is_refused(tmp_path):

@@ -133,8 +133,19 @@ def os_error_line(e: OSError) -> str | None:
     return None
 
 
+# A step of the main job, stopped by Ctrl-C, tells the user how to go on with the job (main.py puts its own
+# advice here), not with the step's command line, which the user never typed.
+JOB_AGAIN = "MVGPT_JOB_AGAIN"
+
+
+def again(advice: str) -> str:
+    """How to go on after a stop: this script's `advice`, or the main job's when it runs this script."""
+    return os.environ.get(JOB_AGAIN) or advice
+
+
 def run_main(main: Callable[[], object], interrupted: str = "run the command again to start over") -> None:
     """Run a script's main(); the user's and the machine's errors become one line on stderr."""
+    interrupted = again(interrupted)
     if signal.getsignal(signal.SIGINT) is starting.interrupted:  # the imports are done: Ctrl-C is caught below
         signal.signal(signal.SIGINT, signal.default_int_handler)
     try:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from mvgpt.kit.errors import UserError
+from mvgpt.kit.errors import UserError, again
 from mvgpt.kit.io import write_text_atomic
 from mvgpt.kit.runfolder import holds
 
@@ -60,7 +60,7 @@ def append_line(path: Path, record: dict, step: int) -> None:
             f.write(json.dumps(record) + "\n")
     except OSError as e:
         raise UserError(f"cannot write {path} at step {step} ({e.strerror}): free some space or fix the folder, "
-                        "then continue with --resume (the last checkpoint is kept)") from None
+                        f"then {again('continue with --resume')} (the last checkpoint is kept)") from None
 
 
 def note(text: str) -> None:
