@@ -999,7 +999,7 @@ def weights(_: dict) -> dict:
 
 
 def rotation(_: dict) -> dict:
-    """A pair of channels as an arrow turned by m·θ_i at positions m = 0..5: a fast, a middle and the slowest pair."""
+    """A pair of channels as an arrow turned by m·θ_i at positions m = 0..5: a fast, a slower and the slowest pair."""
 
     def draw(plt):
         config = GPTConfig()
