@@ -100,6 +100,11 @@ def head(*docs: tuple[str, dict], machine: str = "not recorded") -> str:
     return f"From {sources}, by `python dev/report.py`.  \nMachine: {'; '.join(machines) or machine}\n\n"
 
 
+def at_loss(difference: float, whose: str) -> str:
+    """A loss against another's, to four places, signed; one that rounds to zero said as such, not as -0.0000."""
+    return f"at a loss {difference:+.4f} from {whose}" if round(difference, 4) else f"at {whose} loss, to four places"
+
+
 def moving_average(values: list[float], n: int) -> list[float]:
     n = max(1, min(n, len(values)))
     sums = [0.0]
@@ -389,12 +394,12 @@ def context_table(d: dict, drawn: tuple[str, ...] | None = None) -> tuple[str, D
         learned = by.get(("pretrain", "sliding window"))
         if learned:
             body += f", {learned['ms_per_token'] / cache['ms_per_token']:.1f}× faster than `pretrain`'s"
-        body += f", at a loss {cache['loss'] - rope_window['loss']:+.4f} from the window's.\n"
+        body += ", " + at_loss(cache["loss"] - rope_window["loss"], "the window's") + ".\n"
     c_step = by.get(("pretrain-rope", "sliding cache, C step"))  # context.py's row for the one-token step in C
     if cache and c_step:
         body += (f"\nWith its one-token step in C (`mvgpt/perf/one_token.c`), the same sliding cache writes a token "
-                 f"in {c_step['ms_per_token'] / cache['ms_per_token']:.2f} of the time model.py's step takes, at a "
-                 f"loss {c_step['loss'] - cache['loss']:+.4f} from it.\n")
+                 f"in {c_step['ms_per_token'] / cache['ms_per_token']:.2f} of the time model.py's step takes, "
+                 + at_loss(c_step["loss"] - cache["loss"], "model.py's step's") + ".\n")
 
     def draw(plt):
         fig, (ax,) = figure(plt, height=4.2)

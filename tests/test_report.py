@@ -281,7 +281,13 @@ def test_context_table_shows_the_c_steps_row_where_there_is_one(results):
     assert rows_of(context)[3:5] == [["`pretrain-rope`", "sliding cache", "2.2625", "2.00"],
                                      ["`pretrain-rope`", "sliding cache, C step", "2.2625", "0.50"]]
     assert ("With its one-token step in C (`mvgpt/perf/one_token.c`), the same sliding cache writes a token in 0.25 "
-            "of the time model.py's step takes, at a loss +0.0000 from it.") in context
+            "of the time model.py's step takes, at model.py's step's loss, to four places.") in context
+
+
+def test_a_loss_difference_that_rounds_to_zero_is_said_so_not_signed():
+    assert report.at_loss(0.0011, "the window's") == "at a loss +0.0011 from the window's"
+    assert report.at_loss(-0.00004, "the step's") == "at the step's loss, to four places"  # not "-0.0000"
+    assert report.at_loss(-0.00006, "the step's") == "at a loss -0.0001 from the step's"
 
 
 def test_sweep_is_loss_only_with_the_best_of_each_row_in_bold(tmp_path):
