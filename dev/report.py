@@ -966,8 +966,12 @@ def episode(r: dict) -> dict:
     used = ["episode.json", *(n for n in dict.fromkeys([*ONE_RUN_SET.values(), "context-gpu.json"])
                               if n in r and any(s.startswith(f"{n}:") or f" {n}:" in s for _, s in specs))]
     body = f"The episode: {e['hardware']}. Ours: the machine above; `–`: not measured here.\n\n"
-    return {"episode": head(*[(n, r[n]) for n in used]) + body + table(["figure", "episode (at)", "ours", "our run"],
-                                                                          rows, "lrrl")}
+    commands = {path: command for key, command in EPISODE_COMMANDS.items() if (path := EPISODE_RUNS.get(key))}
+    docs = [(n, {**r[n], "command": r[n].get("command") or commands.get(n) and f"{commands[n]} --json results/{n}"})
+            for n in used[1:]]
+    head_ = head(*docs).replace("From ", "From `results/episode.json` (the video's figures, from its transcript), ", 1)
+    head_ = head_.replace("'checkpoints/*'", "checkpoints/*")  # the glob as a learner types it, as typed_head gives it
+    return {"episode": head_ + body + table(["figure", "episode (at)", "ours", "our run"], rows, "lrrl")}
 
 
 def rope_speeds(_: dict, other_base: float = 100000.0) -> dict:

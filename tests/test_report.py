@@ -383,8 +383,12 @@ def test_episode_table_sets_each_episode_figure_beside_ours_from_one_run_set(res
         assert (report.ours(r, spec) is None) == (f["ours"].startswith(("context-gpu.json", "ten-minutes/pretrain."))
                                                   or "@1000" in f["ours"]), f["what"]
     text = report.build(results)[0]["episode"]
-    assert text.startswith("From `results/episode.json`, `results/amd-epyc/main-job-default/pretrain.json` (made by "
+    assert text.startswith("From `results/episode.json` (the video's figures, from its transcript), "
+                           "`results/amd-epyc/main-job-default/pretrain.json` (made by "
                            "`python scripts/pretrain.py --minutes 10`)")
+    # a file one of the episode's commands wrote, without a command of its own, gets that command, as typed
+    assert ("`results/amd-epyc/episode/context.json` (made by `python scripts/context.py checkpoints/* --device cpu "
+            "--json results/amd-epyc/episode/context.json`)") in text
     assert f"Machine: {AMD}\n" in text and MACHINE not in text  # one machine, named once
     assert "`results/pretrain.json`" not in text and "`results/ten-minutes/" not in text
     rows = {row[0]: row[1:] for row in rows_of(text)}
