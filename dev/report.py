@@ -1062,7 +1062,7 @@ ONE_RUN_SET = {"pretrain.json": MAIN_JOB + "pretrain.json", "pretrain-rope.json"
 INTRO = {  # the video's headline (0:19), by the names episode.json gives its figures: the intro table's label of each
     "CPU ms/token: learned, sliding window": "learned positions: the window run again, ms a token",
     "CPU ms/token: rope, sliding cache": "rotary embeddings: the sliding cache, ms a token",
-    "CPU: learned window ÷ rope's sliding cache": "the window's time ÷ the cache's",
+    "CPU: learned window ÷ rope's sliding cache": "the learned window's time ÷ the rope cache's",
 }
 
 
