@@ -1154,7 +1154,8 @@ def episode_intro(r: dict) -> dict:
     for what, label in INTRO.items():
         f = figures[what]
         v = ours(r, on_machine(f["ours"], ONE_RUN_SET))
-        rows.append([label, f["text"], "–" if v is None else f["format"].format(v)])
+        said = f["text"] + (" (derived)" if f["at"] == "derived" else "")  # worked out from its figures, not said
+        rows.append([label, said, "–" if v is None else f["format"].format(v)])
     return {"episode-intro": typed_head(name, r[name], EPISODE_COMMANDS["context"])
             + "Ours: `pretrain`'s sliding window and `pretrain-rope`'s sliding cache, the main job's two models.\n\n"
             + table(["past the window, on a CPU", "the video (0:19)", "ours"], rows, "lrr")}
