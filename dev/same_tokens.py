@@ -16,13 +16,20 @@ docs/rope.md (On the CPU) quotes it.
 
 from __future__ import annotations
 
-import sys
-import time
+import mvgpt.kit.starting as starting
+
+if __name__ == "__main__":
+    starting.guard()  # before torch loads: Ctrl-C meanwhile is one line (run_main takes over in main)
+
+import shlex  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
 
 import torch
 import torch.nn.functional as F
 from workshop import script
 
+from mvgpt.kit.errors import UserError
 from mvgpt.model import GPT
 
 context = script("context")  # scripts/context.py (dev/workshop.py): its flags, models and streams
@@ -46,17 +53,26 @@ def main(argv: list[str] | None = None) -> dict:
     device, models, val = context.load(args)
     args.length = args.length or 3 * min(model.config.block_size for _, model in models)
     streams = context.held_out_streams(args, val, device)
-    t0, rows = time.perf_counter(), []
+    # as context.py: a model whose window reaches the streams' end has no token past it to score
+    notes = [f"{name}: its window of {model.config.block_size} reaches the end of the {args.length}-token streams: "
+             f"skipped (use --length > {model.config.block_size})"
+             for name, model in models if model.config.block_size >= args.length]
+    models = [(name, model) for name, model in models if model.config.block_size < args.length]
+    if not models:
+        raise UserError("; ".join(notes))
+    t0, rows, width = time.perf_counter(), [], max(len(name) for name, _ in models)
     with torch.no_grad():
         for name, model in models:
             model.eval()
             losses = torch.cat([within_windows(model, s) for s in streams])
             rows.append({"model": name, "method": "within windows", "loss": losses.mean().item(),
                          "tokens": losses.numel()})
-            print(f"{name:<24} within windows  {rows[-1]['loss']:.4f}  ({losses.numel():,} tokens)")
-    command = "python dev/same_tokens.py " + " ".join(argv if argv is not None else sys.argv[1:])
+            print(f"{name:<{width}}  within windows  {rows[-1]['loss']:.4f}  ({losses.numel():,} tokens)")
+    for note in notes:
+        print(f"note: {note}")
+    command = shlex.join(["python", "dev/same_tokens.py", *(argv if argv is not None else sys.argv[1:])])
     return context.finish(args, device, {"command": command, "length": args.length, "streams": args.streams,
-                                         "rows": rows, "seconds": time.perf_counter() - t0})
+                                         "rows": rows, "notes": notes, "seconds": time.perf_counter() - t0})
 
 
 if __name__ == "__main__":

@@ -78,6 +78,7 @@ def run(step: list[str], env: dict) -> None:
     try:
         code = child.wait()
     except KeyboardInterrupt:  # Ctrl-C: the step stops cleanly and says so in its one line, then we stop
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not leave before the step has saved
         try:
             code = child.wait(timeout=1)  # a terminal's Ctrl-C reaches the step too
         except subprocess.TimeoutExpired:
@@ -88,8 +89,8 @@ def run(step: list[str], env: dict) -> None:
     finally:
         signal.signal(signal.SIGTERM, previous)
     if terminated:
-        sys.stderr.write("terminated (SIGTERM): the step in progress stopped and kept its work: run the same "
-                         "command again: the steps done are skipped, training resumes\n")
+        if code != 143:  # a step that stopped on its own says so, with the job's advice; one that could not, here
+            sys.stderr.write(f"terminated (SIGTERM): the step in progress was stopped, nothing is lost: {AGAIN}\n")
         raise SystemExit(143)
     if code < 0:
         raise UserError(f"{Path(step[0]).name} was killed by signal {-code} (out of memory?): run main.py again")

@@ -149,6 +149,34 @@ def test_ctrl_c_while_a_script_imports_torch_is_one_line_and_exit_130(tmp_path):
                           env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert (done.returncode, done.stdout, done.stderr) == (
         130, "", "interrupted (Ctrl-C) while starting: nothing was changed\n")
+    # run by the main job: its advice too; and the stop holds even where torch's import would swallow SystemExit
+    done = subprocess.run([sys.executable, str(starting)], capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT), MVGPT_JOB_AGAIN="run main.py again"))
+    assert (done.returncode, done.stderr) == (130, "interrupted (Ctrl-C) while starting: nothing was changed: "
+                                                   "run main.py again\n")
+
+
+def test_a_ctrl_c_swallowed_by_an_import_still_stops_the_script(tmp_path):
+    """The line is written and the process ends in the handler itself: a SystemExit raised there could be
+    caught by the code it interrupted (torch's C start-up runs numpy's import, which did) and the script
+    would run on, with Ctrl-C ignored."""
+    (tmp_path / "scripts").mkdir()
+    script_ = tmp_path / "scripts" / "swallowed.py"
+    script_.write_text("import mvgpt.kit.starting\nimport os, signal, time\n"
+                       "try:\n    os.kill(os.getpid(), signal.SIGINT)\n    time.sleep(5)\n"
+                       "except BaseException:\n    pass  # as an import that catches what it raised\n"
+                       "print('ran on')\n")
+    done = subprocess.run([sys.executable, str(script_)], capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert (done.returncode, done.stdout) == (130, "")
+
+
+def test_a_dev_script_asks_for_the_guard_and_a_test_importing_it_is_left_alone():
+    code = ("import signal, sys; sys.path.insert(0, 'dev'); import same_tokens; "
+            "print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert done.stdout == "True\n", done.stderr
 
 
 def test_every_script_imports_the_ctrl_c_guard_before_anything_else():

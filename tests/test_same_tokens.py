@@ -3,6 +3,7 @@
 import json
 
 import context
+import pytest
 import same_tokens
 import torch
 import torch.nn.functional as F
@@ -10,6 +11,7 @@ from conftest import tiny_model
 
 from mvgpt.checkpoint import save_checkpoint
 from mvgpt.data import data_tokenizer_hash
+from mvgpt.kit.errors import UserError
 
 
 def test_within_windows_reads_the_tokens_context_scores_in_windows_side_by_side():
@@ -36,3 +38,16 @@ def test_the_script_writes_a_row_per_model_over_every_scored_token(data_dir, tmp
     assert [(r["model"], r["tokens"]) for r in result["rows"]] == [("pretrain", 64), ("pretrain-rope", 64)]
     assert json.loads(out.read_text())["rows"] == result["rows"]
     assert result["command"].startswith("python dev/same_tokens.py ")
+
+
+def test_a_model_whose_window_reaches_the_streams_end_is_skipped_with_a_note(data_dir, tmp_path, capsys):
+    h = data_tokenizer_hash(data_dir)
+    save_checkpoint(tmp_path / "short", tiny_model(vocab_size=300, rope=True), tokenizer_hash=h)  # window 16
+    save_checkpoint(tmp_path / "long", tiny_model(vocab_size=300, rope=True, block_size=64), tokenizer_hash=h)
+    flags = ["--streams", "1", "--data-dir", str(data_dir), "--device", "cpu"]
+    result = same_tokens.main([str(tmp_path / "short"), str(tmp_path / "long"), *flags])  # default: 3 x 16
+    assert [r["model"] for r in result["rows"]] == ["short"]
+    assert result["notes"] == ["long: its window of 64 reaches the end of the 48-token streams: skipped "
+                               "(use --length > 64)"]
+    with pytest.raises(UserError, match="its window of 64 reaches the end"):
+        same_tokens.main([str(tmp_path / "long"), "--length", "64", *flags])

@@ -5,6 +5,7 @@ Only a script run from scripts/ is touched: a test or a notebook importing mvgpt
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from pathlib import Path
@@ -12,13 +13,24 @@ from pathlib import Path
 
 def interrupted(signum: int, frame: object) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the line short
-    sys.stderr.write("interrupted (Ctrl-C) while starting: nothing was changed\n")
-    raise SystemExit(130)
+    again = os.environ.get("MVGPT_JOB_AGAIN")  # the main job's advice, where it runs this script (kit/errors.py)
+    sys.stderr.write("interrupted (Ctrl-C) while starting: nothing was changed" + (f": {again}" if again else "")
+                     + "\n")
+    sys.stderr.flush()
+    # Not SystemExit: raised inside an import that torch's C code runs (numpy's), it can be swallowed there,
+    # and the script would go on, half-imported, with Ctrl-C ignored. Nothing is written yet: end here.
+    os._exit(130)
 
 
 def is_script() -> bool:
     return Path(getattr(sys.modules["__main__"], "__file__", None) or "").parent.name == "scripts"
 
 
-if is_script() and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-    signal.signal(signal.SIGINT, interrupted)
+def guard() -> None:
+    """Catch Ctrl-C as above until run_main takes over: for a script outside scripts/ (dev/) that asks."""
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, interrupted)
+
+
+if is_script():
+    guard()
