@@ -92,10 +92,18 @@ def typed(command: str, name: str) -> str:
     return shlex.join(out)
 
 
-def head(*docs: tuple[str, dict], machine: str = "not recorded") -> str:
-    """'From `results/x.json` (made by `command`) ...' and the machine(s) the numbers were measured on."""
-    sources = ", ".join(f"`results/{name}`" + (f" (made by `{typed(d['command'], name)}`)" if d.get("command") else "")
-                        for name, d in docs)
+def source(name: str, d: dict, as_typed: str | None = None) -> str:
+    """'`results/x.json` (made by `command`)': the command it recorded, as a learner types it; or, for a file one
+    of the episode's commands wrote without recording it, that command as typed (its glob unquoted), --json added."""
+    command = typed(d["command"], name) if d.get("command") else as_typed and f"{as_typed} --json results/{name}"
+    return f"`results/{name}`" + (f" (made by `{command}`)" if command else "")
+
+
+def head(*docs: tuple[str, dict], machine: str = "not recorded", as_typed: dict[str, str] | None = None,
+         first: str = "") -> str:
+    """'From `results/x.json` (made by `command`) ...' and the machine(s) the numbers were measured on; `first`
+    names a source before them that no script wrote (the video's figures)."""
+    sources = ", ".join([*([first] if first else []), *(source(n, d, (as_typed or {}).get(n)) for n, d in docs)])
     machines = list(dict.fromkeys(d["machine"] for _, d in docs if d.get("machine")))
     return f"From {sources}, by `python dev/report.py`.  \nMachine: {'; '.join(machines) or machine}\n\n"
 
@@ -967,12 +975,10 @@ def episode(r: dict) -> dict:
     used = ["episode.json", *(n for n in dict.fromkeys([*ONE_RUN_SET.values(), "context-gpu.json"])
                               if n in r and any(s.startswith(f"{n}:") or f" {n}:" in s for _, s in specs))]
     body = f"The episode: {e['hardware']}. Ours: the machine above; `–`: not measured here.\n\n"
-    commands = {path: command for key, command in EPISODE_COMMANDS.items() if (path := EPISODE_RUNS.get(key))}
-    docs = [(n, {**r[n], "command": r[n].get("command") or commands.get(n) and f"{commands[n]} --json results/{n}"})
-            for n in used[1:]]
-    head_ = head(*docs).replace("From ", "From `results/episode.json` (the video's figures, from its transcript), ", 1)
-    head_ = head_.replace("'checkpoints/*'", "checkpoints/*")  # the glob as a learner types it, as typed_head gives it
-    return {"episode": head_ + body + table(["figure", "episode (at)", "ours", "our run"], rows, "lrrl")}
+    as_typed = {path: command for key, command in EPISODE_COMMANDS.items() if (path := EPISODE_RUNS.get(key))}
+    return {"episode": head(*[(n, r[n]) for n in used[1:]], as_typed=as_typed,
+                            first="`results/episode.json` (the video's figures, from its transcript)")
+            + body + table(["figure", "episode (at)", "ours", "our run"], rows, "lrrl")}
 
 
 def rope_speeds(_: dict, other_base: float = 100000.0) -> dict:
@@ -1143,8 +1149,7 @@ def pretrain_typed(r: dict) -> dict:
 def typed_head(name: str, d: dict, command: str) -> str:
     """head() for a JSON that one of the episode's commands wrote, the command as a learner types it (its glob
     unquoted), --json added."""
-    return (f"From `results/{name}` (made by `{command} --json results/{name}`), by `python dev/report.py`.  \n"
-            f"Machine: {d['machine']}\n\n")
+    return head((name, {**d, "command": None}), as_typed={name: command})
 
 
 def episode_intro(r: dict) -> dict:

@@ -54,8 +54,7 @@ def main(argv: list[str] | None = None) -> dict:
     args.length = args.length or 3 * min(model.config.block_size for _, model in models)
     streams = context.held_out_streams(args, val, device)
     # as context.py: a model whose window reaches the streams' end has no token past it to score
-    notes = [f"{name}: its window of {model.config.block_size} reaches the end of the {args.length}-token streams: "
-             f"skipped (use --length > {model.config.block_size})"
+    notes = [context.too_short(name, model.config.block_size, args.length)
              for name, model in models if model.config.block_size >= args.length]
     models = [(name, model) for name, model in models if model.config.block_size < args.length]
     if not models:

@@ -151,6 +151,12 @@ def c_steps(args: argparse.Namespace, models: list[tuple[str, GPT]]) -> dict[str
     return steps
 
 
+def too_short(name: str, window: int, length: int) -> str:
+    """The note for a model whose window reaches the end of the streams: no token past it to score."""
+    return (f"{name}: its window of {window} reaches the end of the {length}-token streams: skipped "
+            f"(use --length > {window})")
+
+
 def past_window(args: argparse.Namespace, models: list[tuple[str, GPT]], streams: list[torch.Tensor],
                 fast: dict[str, FastDecode] | None = None) -> dict:
     """The episode's table: each model and method, its loss past the first window and ms/token; and for a
@@ -160,8 +166,7 @@ def past_window(args: argparse.Namespace, models: list[tuple[str, GPT]], streams
     for name, model in models:
         W = model.config.block_size
         if args.length <= W:
-            notes.append(f"{name}: its window of {W} reaches the end of the {args.length}-token streams: "
-                         f"skipped (use --length > {W})")
+            notes.append(too_short(name, W, args.length))
             continue
         windows_seen.add(W)
         methods = list(LOSS_METHODS)

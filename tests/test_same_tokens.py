@@ -3,6 +3,7 @@
 import json
 
 import context
+import evaluate
 import pytest
 import same_tokens
 import torch
@@ -24,6 +25,9 @@ def test_within_windows_reads_the_tokens_context_scores_in_windows_side_by_side(
     expected = torch.cat([F.cross_entropy(first[0], s[0, 16:32], reduction="none"),
                           F.cross_entropy(second[0], s[0, 32:48], reduction="none")])
     assert torch.equal(losses, expected)
+    # evaluate.py's own reading of the same tokens, from token 15 on in windows side by side: the same losses
+    read = evaluate.evaluate(model, s[0, 15:].numpy(), "cpu")
+    assert read["tokens"] == 32 and read["loss"] == pytest.approx(expected.sum().item() / 32, abs=1e-6)
     ragged = same_tokens.within_windows(model, s[:, :40])  # a last window cut short by the stream's end
     assert ragged.shape == (24,) and torch.equal(ragged[:16], expected[:16])
 

@@ -133,9 +133,7 @@ def os_error_line(e: OSError) -> str | None:
     return None
 
 
-# A step of the main job, stopped by Ctrl-C, tells the user how to go on with the job (main.py puts its own
-# advice here), not with the step's command line, which the user never typed.
-JOB_AGAIN = "MVGPT_JOB_AGAIN"
+JOB_AGAIN = starting.JOB_AGAIN  # the main job's advice to its steps, in their environment (kit/starting.py)
 
 
 def again(advice: str) -> str:

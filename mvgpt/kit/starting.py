@@ -1,7 +1,8 @@
 """Imported first by every script, before torch: a Ctrl-C while torch loads (a second or two) ends the
 script with one line, as run_main does once main() runs, not with a traceback from inside torch's import.
 
-Only a script run from scripts/ is touched: a test or a notebook importing mvgpt keeps its own Ctrl-C."""
+Only a script run from scripts/ is touched (a dev/ script asks, with guard()): a test or a notebook importing
+mvgpt keeps its own Ctrl-C."""
 
 from __future__ import annotations
 
@@ -10,10 +11,14 @@ import signal
 import sys
 from pathlib import Path
 
+# A step of the main job, stopped by Ctrl-C, tells the user how to go on with the job (main.py puts its own
+# advice here), not with the step's command line, which the user never typed. Read by kit/errors.py's again().
+JOB_AGAIN = "MVGPT_JOB_AGAIN"
+
 
 def interrupted(signum: int, frame: object) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the line short
-    again = os.environ.get("MVGPT_JOB_AGAIN")  # the main job's advice, where it runs this script (kit/errors.py)
+    again = os.environ.get(JOB_AGAIN)
     sys.stderr.write("interrupted (Ctrl-C) while starting: nothing was changed" + (f": {again}" if again else "")
                      + "\n")
     sys.stderr.flush()
