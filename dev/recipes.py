@@ -70,6 +70,7 @@ class Recipe:
     muon_lr: float | None = None  # default: lr (Muon's update scaled to AdamW's size: match_rms_adamw)
     zero_proj: bool = False  # the two residual projections of each block start at zero
     batch_size: int = 16
+    after_warmup: bool = False  # on the clock, the cosine starts at the peak when the warm-up ends
 
 
 RECIPES = {
@@ -85,6 +86,10 @@ RECIPES = {
     "muon": Recipe("Muon on the blocks' 24 matrices (lr as AdamW's, match_rms_adamw), AdamW on the rest", muon=True),
     "lr3e-3": Recipe("lr 3e-3", lr=3e-3),
     "batch32": Recipe("32 sequences a step, lr x sqrt(2)", batch_size=32, lr=2e-3 * math.sqrt(2)),
+    "after": Recipe("on the clock, the cosine runs over the time left after the warm-up, from the peak (not "
+                    "from where the clock is when the warm-up ends)", after_warmup=True),
+    "batch8": Recipe("8 sequences a step, lr / sqrt(2): twice the steps in the same time", batch_size=8,
+                     lr=2e-3 / math.sqrt(2)),
 }
 
 
@@ -99,6 +104,41 @@ def combined(*names: str, **changes) -> Recipe:
     return Recipe(**fields)
 
 
+# what a field may hold, where a type alone does not say: (lowest, highest), both included
+LIMITS = {"lr": (1e-9, 1.0), "muon_lr": (1e-9, 1.0), "weight_decay": (0.0, 10.0), "warmup": (0, 10**6),
+          "warmup_share": (0.0, 1.0), "min_ratio": (0.0, 1.0), "cooldown": (0.0, 1.0), "batch_size": (1, 4096)}
+
+
+def field_value(key: str, text: str) -> object:
+    """A recipe field's value from the command line (`lr=3e-3`, `betas=0.9/0.99`, `muon=true`), or a
+    one-line error naming the field and what it takes."""
+    default = getattr(RECIPES["baseline"], key)
+    if key == "what":
+        raise SystemExit("error: 'what' is a recipe's description, not a field to change: pick another field")
+    if isinstance(default, bool):
+        if text.lower() not in ("1", "true", "yes", "0", "false", "no"):
+            raise SystemExit(f"error: {key}={text!r} is not a yes or no: give {key}=true or {key}=false")
+        return text.lower() in ("1", "true", "yes")
+    if key == "schedule":
+        if text not in ("cosine", "wsd"):
+            raise SystemExit(f"error: schedule={text!r} is not a schedule: give schedule=cosine or schedule=wsd")
+        return text
+    try:
+        if key == "betas":
+            b1, b2 = (float(x) for x in text.split("/"))
+            if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0):
+                raise ValueError
+            return (b1, b2)
+        value = (float if default is None else type(default))(text)
+    except ValueError:
+        example = "betas=0.9/0.99" if key == "betas" else f"{key}={default if default is not None else 2e-3}"
+        raise SystemExit(f"error: {key}={text!r} is not a value {key} takes: give one as in {example}") from None
+    low, high = LIMITS.get(key, (-math.inf, math.inf))
+    if not low <= value <= high:  # NaN too
+        raise SystemExit(f"error: {key}={text!r} is out of range: give a value from {low:g} to {high:g}")
+    return value
+
+
 def recipe(name: str) -> Recipe:
     """A named recipe, or names joined by + (wsd+beta2), or field=value changes after a colon
     (wsd:lr=3e-3,cooldown=0.4)."""
@@ -107,10 +147,9 @@ def recipe(name: str) -> Recipe:
     for pair in filter(None, changes.split(",")):
         key, _, value = pair.partition("=")
         if not hasattr(RECIPES["baseline"], key):
-            raise SystemExit(f"error: no recipe field {key!r}: pick from {', '.join(asdict(RECIPES['baseline']))}")
-        default = getattr(RECIPES["baseline"], key)
-        kind = float if default is None else type(default)
-        values[key] = (value.lower() in ("1", "true", "yes")) if kind is bool else kind(value)
+            fields = ", ".join(k for k in asdict(RECIPES["baseline"]) if k != "what")
+            raise SystemExit(f"error: no recipe field {key!r}: pick from {fields}")
+        values[key] = field_value(key, value)
     parts = names.split("+")
     unknown = [p for p in parts if p not in RECIPES]
     if unknown:
@@ -165,7 +204,7 @@ def lr_of(r: Recipe, step: int, clock: float, budget: float, pace: float | None,
     `steps`, by pretrain.py's own schedules (mvgpt.train.lr_at): cosine, or wsd (warm-up, flat, then
     straight down over the last `cooldown` of the run)."""
     return lr_at(step, r.lr, r.warmup, r.min_ratio, steps, clock, budget or None, pace, r.warmup_share,
-                 schedule=r.schedule, cooldown=r.cooldown)
+                 schedule=r.schedule, cooldown=r.cooldown, after_warmup=r.after_warmup)
 
 
 def build(r: Recipe, config: GPTConfig, seed: int, device: torch.device, dtype: torch.dtype,

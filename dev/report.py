@@ -781,7 +781,8 @@ def lora(r: dict) -> dict:
 # dev/recipes.py: the races, each a table
 RECIPES = ("amd-epyc/recipes/slow-2min.json", "amd-epyc/recipes/warmup-4min.json", "amd-epyc/recipes/muon-wd.json",
            "amd-epyc/recipes/screen-1337.json", "amd-epyc/recipes/wd-10min.json",
-           "amd-epyc/recipes/warmup-10min.json")
+           "amd-epyc/recipes/warmup-10min.json", "amd-epyc/recipes/warmup-10min-quiet.json",
+           "amd-epyc/recipes/after-10min.json", "amd-epyc/recipes/after-10min-float32.json")
 
 
 def recipes(r: dict) -> dict:

@@ -256,6 +256,9 @@ def find_models(paths: list[str], tokenizer_hash: str | None = None) -> tuple[li
     """(the models the paths hold, one reason per path that holds none), in the order given."""
     models, skipped, seen = [], [], {}
     for text in paths:
+        if not text.strip():  # Path("") is ".", the folder the script runs in: not what a blank argument meant
+            skipped.append(f"{text!r} (an empty path: name a run folder or a .pt file)")
+            continue
         path = Path(text)
         if path.is_dir():
             weights, adapter = checkpoint_path(path), adapter_path(path)

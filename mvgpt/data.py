@@ -366,8 +366,9 @@ def no_data(data_dir: str | os.PathLike) -> str:
         return (f"the prepared data in {data_dir} is damaged (its meta.json, token files and tokenizer do not agree): "
                 f"prepare it again from its source, `python scripts/prepare.py --source PATH --data-dir {data_dir} "
                 "--force`")
+    elsewhere = " (or pass --data-dir)" if Path(data_dir) == DATA_DIR else ""  # not when it was passed
     return (f"no complete prepared data in {data_dir}: run `python scripts/prepare.py --source PATH --data-dir "
-            f"{data_dir}` (or pass --data-dir)")
+            f"{data_dir}`{elsewhere}")
 
 
 def prepared_data(text: str) -> str:

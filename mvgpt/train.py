@@ -126,7 +126,9 @@ def flat_then_down(progress: float, min_ratio: float, cooldown: float) -> float:
 # they take longer. Half: with a fifth, a machine that made about 75 steps in its time reached the peak lr
 # by step 16, where the loss climbs (results/warmup.json), and ended 0.9 to 1.4 higher than with half
 # (results/amd-epyc/recipes/slow-2min.json, docs/lab/recipes.md). A run with 400 steps or more warms
-# up over its 200, as the long runs do, so it is the long run's step for step until then.
+# up over its 200, as the long runs do, so it is the long run's step for step until then. (At about 445
+# steps a fifth ended 0.015 to 0.030 lower, results/amd-epyc/recipes/warmup-10min-quiet.json: the clock's
+# cosine drops the lr when a long warm-up ends; see lr_at's after_warmup.)
 WARMUP_SHARE = 0.5
 # Bounded by steps (the main job), a run gives its warm-up a fifth of them, as the 1,000-step runs that
 # tuned it do (docs/lab/schedule.md).
@@ -146,6 +148,7 @@ def lr_at(
     share: float = WARMUP_SHARE,
     schedule: str = "cosine",
     cooldown: float = 0.5,
+    after_warmup: bool = False,
 ) -> float:
     """The learning rate of step `step` (0-based): linear warm-up over `warmup` steps, then a cosine
     decay to lr * min_ratio (`schedule` "cosine"), or a flat lr and a straight decay to lr * min_ratio
@@ -159,6 +162,11 @@ def lr_at(
     leaves it in time to decay (a fast one, whose steps end it first, is unchanged; share 0: the
     steps alone). The pace is the steps' own, not the clock's so far, so the time a first step
     spends compiling does not hurry the warm-up.
+
+    On the clock the cosine counts the warm-up's time too, so where the warm-up is long the lr drops
+    when it ends (half the time gone: from the peak to 0.55 of it). `after_warmup` runs the cosine
+    over the time left after the warm-up's steps instead, from the peak (a recipe raced in
+    docs/lab/recipes.md; not the default).
     """
     if max_steps is None:
         assert budget is not None and budget > 0, "a run without max_steps needs a time budget"
@@ -171,6 +179,9 @@ def lr_at(
                                    cooldown)
     if max_steps is not None:
         return lr * cosine((step - warmup) / max(1, max_steps - warmup), min_ratio)
+    if after_warmup and step_seconds:  # the cosine over the time left after the warm-up's steps, from the peak
+        warm_s = warmup * step_seconds
+        return lr * cosine((elapsed - warm_s) / max(budget - warm_s, 1e-9), min_ratio)
     return lr * cosine(elapsed / budget, min_ratio)
 
 

@@ -255,3 +255,14 @@ def test_one_model_named_twice_is_read_once_and_the_repeat_said(tmp_path):
     models, skipped = find_models([run, run + "/", f"{run}/ckpt.pt", str(tmp_path / "other")])
     assert [m.given for m in models] == [run, str(tmp_path / "other")]
     assert skipped == [f"{run}/ (the same model as {run})", f"{run}/ckpt.pt (the same model as {run})"]
+
+
+def test_a_blank_path_is_named_as_blank_not_read_as_the_folder_the_script_runs_in(tmp_path, monkeypatch):
+    from mvgpt.checkpoint import find_models
+
+    save_checkpoint(tmp_path, tiny_model(), step=1)  # a checkpoint in the very folder "" would have meant
+    monkeypatch.chdir(tmp_path)
+    models, skipped = find_models(["", " "])
+    assert models == []
+    assert skipped == ["'' (an empty path: name a run folder or a .pt file)",
+                       "' ' (an empty path: name a run folder or a .pt file)"]

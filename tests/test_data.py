@@ -363,3 +363,11 @@ def test_typed_from_inside_scripts_the_missing_data_says_to_run_from_the_root(da
     monkeypatch.setattr(sys, "argv", ["pretrain.py", "--rope"])
     assert no_data(DATA_DIR) == ("no prepared data in scripts/data: run the scripts from the repository's root: "
                                  "`cd .. && python scripts/pretrain.py --rope`")
+
+
+def test_missing_data_offers_data_dir_only_where_it_was_not_passed(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert no_data(DATA_DIR) == (f"no complete prepared data in {DATA_DIR}: run `python scripts/prepare.py --source "
+                                 f"PATH --data-dir {DATA_DIR}` (or pass --data-dir)")
+    assert no_data(tmp_path / "elsewhere") == (f"no complete prepared data in {tmp_path / 'elsewhere'}: run `python "
+                                               f"scripts/prepare.py --source PATH --data-dir {tmp_path / 'elsewhere'}`")

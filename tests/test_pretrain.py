@@ -612,3 +612,22 @@ def test_a_resume_below_its_step_says_there_is_nothing_to_train(root, capsys):
     train(root, "r", "--max-steps", "4")
     out = pretrain.main(run_args(root, "r", "--max-steps", "2", "--resume"))
     assert "is at step 4, past --max-steps 2: nothing to train" in capsys.readouterr().out and out["steps"] == 4
+
+
+def test_on_the_clock_after_warmup_starts_the_cosine_at_the_peak_and_ends_at_the_floor():
+    lr = lambda step, **kw: lr_at(step, 1.0, 200, 0.1, budget=600.0, **kw)  # noqa: E731
+    # 2 s a step: half of ten minutes holds 150 steps, so the warm-up is 150 steps and ends at 300 s
+    assert lr(149, elapsed=298.0, step_seconds=2.0) == 1.0
+    assert lr(150, elapsed=300.0, step_seconds=2.0, after_warmup=True) == 1.0  # the peak: the cosine begins there
+    assert lr(150, elapsed=300.0, step_seconds=2.0) == cosine(0.5, 0.1)  # without: the clock's half, 0.55
+    # then down over the 300 s left: half way at 450 s, the floor when the time is up (and after)
+    assert lr(225, elapsed=450.0, step_seconds=2.0, after_warmup=True) == cosine(0.5, 0.1)
+    assert lr(300, elapsed=600.0, step_seconds=2.0, after_warmup=True) == lr(
+        310, elapsed=620.0, step_seconds=2.0, after_warmup=True) == pytest.approx(0.1)
+    rates = [lr(s, elapsed=2.0 * s, step_seconds=2.0, after_warmup=True) for s in range(300)]
+    assert rates[149:] == sorted(rates[149:], reverse=True) and rates[:150] == sorted(rates[:150])
+    # without a pace (the first step) there is no warm-up time to leave out: the clock's cosine
+    assert lr(200, elapsed=100.0, after_warmup=True) == lr(200, elapsed=100.0) == cosine(100 / 600, 0.1)
+    # bounded by steps it changes nothing: that cosine already starts at the warm-up's end
+    assert lr_at(300, 1.0, 200, 0.1, max_steps=1000, step_seconds=2.0, after_warmup=True) == lr_at(
+        300, 1.0, 200, 0.1, max_steps=1000)

@@ -41,3 +41,38 @@ def test_the_baseline_is_what_pretrain_trains_with():
     assert (base.muon, DEFAULT_OPTIMIZER) == (False, "adamw")
     assert (base.lr, base.weight_decay, base.schedule, base.min_ratio) == (2e-3, 0.1, "cosine", 0.1)
     assert (base.warmup, base.warmup_share) == (WARMUP_STEPS, WARMUP_SHARE)
+
+
+def test_the_after_recipe_runs_pretrains_cosine_from_the_peak_and_the_baseline_does_not():
+    assert recipes.recipe("after").after_warmup and not recipes.RECIPES["baseline"].after_warmup
+    assert not recipes.RECIPES["fifth"].after_warmup  # raced as it was: today's cosine, a fifth's warm-up
+    after = recipes.recipe("after")
+    # 2 s a step, ten minutes: the warm-up is 150 steps (half the time); the step after it is at the peak
+    assert recipes.lr_of(after, 150, 300.0, 600.0, 2.0, None) == after.lr
+    assert recipes.lr_of(recipes.RECIPES["baseline"], 150, 300.0, 600.0, 2.0, None) == pytest.approx(0.55 * 2e-3)
+
+
+@pytest.mark.parametrize("name, fix", [
+    ("after:after_warmup=maybe", "after_warmup='maybe' is not a yes or no: give after_warmup=true or "
+                                 "after_warmup=false"),
+    ("baseline:lr=fast", "lr='fast' is not a value lr takes: give one as in lr=0.002"),
+    ("baseline:lr=nan", "lr='nan' is out of range: give a value from 1e-09 to 1"),
+    ("baseline:lr=-1", "lr='-1' is out of range: give a value from 1e-09 to 1"),
+    ("baseline:batch_size=0", "batch_size='0' is out of range: give a value from 1 to 4096"),
+    ("baseline:warmup=2.5", "warmup='2.5' is not a value warmup takes: give one as in warmup=200"),
+    ("baseline:warmup_share=2", "warmup_share='2' is out of range: give a value from 0 to 1"),
+    ("baseline:betas=0.9", "betas='0.9' is not a value betas takes: give one as in betas=0.9/0.99"),
+    ("baseline:betas=0.9/1.5", "betas='0.9/1.5' is not a value betas takes: give one as in betas=0.9/0.99"),
+    ("baseline:schedule=linear", "schedule='linear' is not a schedule: give schedule=cosine or schedule=wsd"),
+    ("baseline:what=x", "'what' is a recipe's description, not a field to change: pick another field"),
+    ("baseline:lr", "lr='' is not a value lr takes: give one as in lr=0.002"),
+])
+def test_a_bad_field_value_is_one_line_naming_the_field_and_what_it_takes(name, fix):
+    with pytest.raises(SystemExit) as e:
+        recipes.recipe(name)
+    assert str(e.value) == f"error: {fix}"
+
+
+def test_field_values_of_each_kind_are_read():
+    r = recipes.recipe("baseline:betas=0.9/0.99,after_warmup=no,warmup=0,batch_size=8,muon_lr=0.02")
+    assert (r.betas, r.after_warmup, r.warmup, r.batch_size, r.muon_lr) == ((0.9, 0.99), False, 0, 8, 0.02)
