@@ -273,6 +273,8 @@ def race(args: argparse.Namespace, names: tuple[str, ...], seed: int, config: GP
     runs = []
     for name in names:
         r = recipe(name)
+        if args.batch_size:  # the flag's batch for every recipe raced (main refuses one that sets its own)
+            r = replace(r, batch_size=args.batch_size)
         model, step_fn, optimizer = build(r, config, seed, device, dtype, args.compile)
         runs.append(Run(name, r, model, step_fn, optimizer))
     budget = args.minutes * 60
@@ -379,9 +381,11 @@ def main(argv: list[str] | None = None) -> dict:
         recipe(n)
     device = pick_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
-    if args.batch_size:
-        for n in list(RECIPES):
-            RECIPES[n] = replace(RECIPES[n], batch_size=args.batch_size)
+    if args.batch_size:  # every recipe's batch, but one whose batch is what it changes (batch8, batch32)
+        own = [n for n in args.recipes if recipe(n).batch_size != RECIPES["baseline"].batch_size]
+        if own:
+            raise SystemExit(f"error: {own[0]} sets its own batch, which --batch-size would overwrite: race it "
+                             "without --batch-size, or give the batch in the recipe (baseline:batch_size=N)")
     train, val = load_tokens(args.data_dir, "train"), load_tokens(args.data_dir, "val")
     import json
     vocab = json.loads((Path(args.data_dir) / "meta.json").read_text())["vocab_size"]

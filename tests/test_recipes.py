@@ -76,3 +76,12 @@ def test_a_bad_field_value_is_one_line_naming_the_field_and_what_it_takes(name, 
 def test_field_values_of_each_kind_are_read():
     r = recipes.recipe("baseline:betas=0.9/0.99,after_warmup=no,warmup=0,batch_size=8,muon_lr=0.02")
     assert (r.betas, r.after_warmup, r.warmup, r.batch_size, r.muon_lr) == ((0.9, 0.99), False, 0, 8, 0.02)
+
+
+def test_batch_size_flag_refuses_a_recipe_whose_change_is_its_batch(data_dir):
+    with pytest.raises(SystemExit) as e:
+        recipes.main([*TINY, "--recipes", "baseline", "batch8", "--minutes", "0", "--steps", "1",
+                      "--data-dir", str(data_dir)])
+    assert str(e.value) == ("error: batch8 sets its own batch, which --batch-size would overwrite: race it without "
+                            "--batch-size, or give the batch in the recipe (baseline:batch_size=N)")
+    assert recipes.RECIPES["batch8"].batch_size == 8  # left as it is
