@@ -40,6 +40,7 @@ import torch
 from mvgpt.data import DATA_DIR, get_batch, load_tokens
 from mvgpt.device import autocast, dtype_name, machine, pick_device, resolve_dtype
 from mvgpt.kit.errors import ArgumentParser, non_negative_float, positive_int, run_main
+from mvgpt.kit.errors import seed as seed_arg
 from mvgpt.kit.io import write_json
 from mvgpt.kit.runfolder import writable_file
 from mvgpt.model import GPT, GPTConfig
@@ -70,14 +71,16 @@ class Recipe:
     muon_lr: float | None = None  # default: lr (Muon's update scaled to AdamW's size: match_rms_adamw)
     zero_proj: bool = False  # the two residual projections of each block start at zero
     batch_size: int = 16
-    after_warmup: bool = False  # on the clock, the cosine starts at the peak when the warm-up ends
+    after_warmup: bool = True  # on the clock, the cosine starts at the peak when the warm-up ends
 
 
 RECIPES = {
     "baseline": Recipe("today's: AdamW 2e-3, betas (0.9, 0.95), wd 0.1, warm-up 200 steps or 1/2 of the clock, "
-                       "cosine to 0.1x"),
-    "fifth": Recipe("the warm-up bounded by 1/5 of the clock (the baseline before the races below)",
-                    warmup_share=0.2),
+                       "then a cosine to 0.1x over the time left"),
+    "clock-cosine": Recipe("the cosine over the whole clock, the warm-up's time too, as it was before `after` "
+                           "(the baseline of the races before it)", after_warmup=False),
+    "fifth": Recipe("the warm-up bounded by 1/5 of the clock, the cosine over the whole clock (the baseline before "
+                    "the warm-up's races)", warmup_share=0.2, after_warmup=False),
     "wsd": Recipe("warm-up 50 steps or 1/20 of the clock, flat, linear down to 0.01x over the last half",
                   schedule="wsd", warmup=50, warmup_share=0.05, min_ratio=0.01, cooldown=0.5),
     "beta2": Recipe("beta2 0.99 (nanoGPT's for a 4,096-token batch)", betas=(0.9, 0.99)),
@@ -87,7 +90,7 @@ RECIPES = {
     "lr3e-3": Recipe("lr 3e-3", lr=3e-3),
     "batch32": Recipe("32 sequences a step, lr x sqrt(2)", batch_size=32, lr=2e-3 * math.sqrt(2)),
     "after": Recipe("on the clock, the cosine runs over the time left after the warm-up, from the peak (not "
-                    "from where the clock is when the warm-up ends)", after_warmup=True),
+                    "from where the clock is when the warm-up ends): the baseline since it won", after_warmup=True),
     "batch8": Recipe("8 sequences a step, lr / sqrt(2): twice the steps in the same time", batch_size=8,
                      lr=2e-3 / math.sqrt(2)),
 }
@@ -142,21 +145,44 @@ def field_value(key: str, text: str) -> object:
 def recipe(name: str) -> Recipe:
     """A named recipe, or names joined by + (wsd+beta2), or field=value changes after a colon
     (wsd:lr=3e-3,cooldown=0.4)."""
-    names, _, changes = name.partition(":")
+    names, colon, changes = name.partition(":")
+    if colon and not changes:
+        raise SystemExit(f"error: {name!r} has no change after its colon: give field=value pairs (wsd:lr=3e-3) or "
+                         "drop the colon")
     values = {}
-    for pair in filter(None, changes.split(",")):
+    for pair in changes.split(",") if changes else []:
         key, _, value = pair.partition("=")
         if not hasattr(RECIPES["baseline"], key):
             fields = ", ".join(k for k in asdict(RECIPES["baseline"]) if k != "what")
-            raise SystemExit(f"error: no recipe field {key!r}: pick from {fields}")
+            raise SystemExit(f"error: no recipe field {key!r} in {name!r}: pick from {fields}")
+        if key in values:
+            raise SystemExit(f"error: {name!r} changes {key} twice: give it once")
         values[key] = field_value(key, value)
     parts = names.split("+")
     unknown = [p for p in parts if p not in RECIPES]
     if unknown:
-        raise SystemExit(f"error: no recipe {unknown[0]!r}: pick from {', '.join(RECIPES)} (--list says what each is)")
-    if len(parts) == 1 and not values:
-        return RECIPES[parts[0]]
-    return combined(*parts, **values)
+        raise SystemExit(f"error: no recipe {unknown[0]!r} in {name!r}: pick from {', '.join(RECIPES)} (--list says "
+                         "what each is)")
+    if len(set(parts)) != len(parts):
+        raise SystemExit(f"error: {name!r} names a recipe twice: give each once")
+    r = RECIPES[parts[0]] if len(parts) == 1 and not values else combined(*parts, **values)
+    idle = idle_fields(r)
+    if idle:
+        raise SystemExit(f"error: {name!r} sets {idle}, which does nothing here: drop it, or set what it acts on")
+    return r
+
+
+def idle_fields(r: Recipe) -> str | None:
+    """A field that changes nothing in this recipe (a cooldown without wsd's schedule), named with
+    what it acts on; None where every field set acts."""
+    base = RECIPES["baseline"]
+    if r.schedule != "wsd" and r.cooldown != base.cooldown:
+        return f"cooldown={r.cooldown:g} (only the wsd schedule has a cooldown: schedule=wsd)"
+    if r.schedule == "wsd" and r.after_warmup != base.after_warmup:
+        return "after_warmup (a change to the cosine; wsd's decay is its own)"
+    if not r.muon and r.muon_lr is not None:
+        return f"muon_lr={r.muon_lr:g} (Muon's lr, with muon=true)"
+    return None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -353,9 +379,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--recipes", nargs="+", default=["baseline", "wsd"],
                    help="the reference first, then the others (a name, names joined by +, or name:k=v,...)")
     p.add_argument("--list", action="store_true", help="print the recipes and what each changes, then stop")
-    p.add_argument("--seeds", type=int, nargs="+", default=[1337])
+    p.add_argument("--seeds", type=seed_arg, nargs="+", default=[1337])
     p.add_argument("--minutes", type=non_negative_float, default=10.0, help="each recipe's budget on its clock")
-    p.add_argument("--steps", type=positive_int, default=1000, help="with --minutes 0: each recipe's steps")
+    p.add_argument("--steps", type=positive_int, help="with --minutes 0: each recipe's steps (default 1000)")
     p.add_argument("--eval-every", type=positive_int, default=100)
     p.add_argument("--eval-batches", type=positive_int, default=8)
     p.add_argument("--data-dir", default=str(DATA_DIR))
@@ -377,8 +403,21 @@ def main(argv: list[str] | None = None) -> dict:
     names = tuple(args.recipes)
     if len(set(names)) != len(names):
         p.error("give each recipe once")
+    if len(set(args.seeds)) != len(args.seeds):
+        p.error("give each seed once (a seed twice is the same race twice, and no spread)")
+    if args.minutes and args.steps:
+        p.error("--steps counts only with --minutes 0 (otherwise the recipes run on the clock): add --minutes 0, or "
+                "drop --steps")
+    args.steps = args.steps or 1000
+    if args.n_embd % args.n_head:
+        p.error(f"--n-embd {args.n_embd} must be a multiple of --n-head {args.n_head}")
+    if args.rope and (args.n_embd // args.n_head) % 2:
+        p.error(f"--rope needs an even head size (--n-embd / --n-head), got {args.n_embd // args.n_head}")
     for n in names:
-        recipe(n)
+        changed = [k for k, v in asdict(recipe(n)).items() if k != "what" and v != getattr(RECIPES["baseline"], k)]
+        if not args.minutes and changed and set(changed) <= {"warmup_share", "after_warmup"}:  # a tie, by steps
+            p.error(f"{n} changes only {' and '.join(changed)}, which act{'s' * (len(changed) == 1)} on the clock: "
+                    "race it with --minutes above 0")
     device = pick_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     if args.batch_size:  # every recipe's batch, but one whose batch is what it changes (batch8, batch32)
@@ -387,6 +426,10 @@ def main(argv: list[str] | None = None) -> dict:
             raise SystemExit(f"error: {own[0]} sets its own batch, which --batch-size would overwrite: race it "
                              "without --batch-size, or give the batch in the recipe (baseline:batch_size=N)")
     train, val = load_tokens(args.data_dir, "train"), load_tokens(args.data_dir, "val")
+    for split, tokens in (("training", train), ("held-out", val)):  # before any step, not at the first evaluation
+        if len(tokens) <= args.block_size + 1:
+            p.error(f"the {split} data in {args.data_dir} has {len(tokens):,} tokens, too few for windows of "
+                    f"--block-size {args.block_size}: give a smaller --block-size, or prepare more text")
     import json
     vocab = json.loads((Path(args.data_dir) / "meta.json").read_text())["vocab_size"]
     config = GPTConfig(vocab_size=vocab, block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_head,

@@ -782,7 +782,8 @@ def lora(r: dict) -> dict:
 RECIPES = ("amd-epyc/recipes/slow-2min.json", "amd-epyc/recipes/warmup-4min.json", "amd-epyc/recipes/muon-wd.json",
            "amd-epyc/recipes/screen-1337.json", "amd-epyc/recipes/wd-10min.json",
            "amd-epyc/recipes/warmup-10min.json", "amd-epyc/recipes/warmup-10min-quiet.json",
-           "amd-epyc/recipes/after-10min.json", "amd-epyc/recipes/after-10min-float32.json")
+           "amd-epyc/recipes/after-10min.json", "amd-epyc/recipes/after-10min-float32.json",
+           "amd-epyc/recipes/after-vs-today-10min.json")
 
 
 def recipes(r: dict) -> dict:
@@ -1062,7 +1063,8 @@ EPISODE_RUNS = {"pretrain": "amd-epyc/episode/pretrain-rope.json", "evaluate": "
                 "context": "amd-epyc/episode/context.json"}
 # The episode's page reads one run set, on one machine: the main job as typed (MAIN_JOB) and the episode's commands
 # typed after it (EPISODE_RUNS). Each JSON an episode figure names (results/episode.json), mapped to that set's own;
-# the learned model's ten minutes as typed were not run after the main job, so their rows say "not measured here"
+# the learned model's ten minutes as typed (`python scripts/pretrain.py`, into checkpoints/pretrain-2) were run after
+# the rope's, and taken out of checkpoints/ before evaluate.py and context.py, which read the flow the page types
 ONE_RUN_SET = {"pretrain.json": MAIN_JOB + "pretrain.json", "pretrain-rope.json": MAIN_JOB + "pretrain-rope.json",
                "ten-minutes/pretrain.json": "amd-epyc/episode/pretrain.json",
                "ten-minutes/pretrain-rope.json": EPISODE_RUNS["pretrain"],

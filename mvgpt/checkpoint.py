@@ -60,6 +60,8 @@ def checkpoint_in(folder: str | os.PathLike) -> Path:
 
 def no_checkpoint(path: str | os.PathLike) -> str:
     """Why there is no checkpoint at path, and the fix: a LoRA run folder holds an adapter only."""
+    if not str(path).strip():  # Path("") is ".", the folder the script runs in: not what a blank argument meant
+        return f"{str(path)!r} is an empty path: name a run folder or a .pt file"
     if (Path(path) / "adapter.pt").is_file():  # mvgpt/lora.py's ADAPTER_NAME
         return (f"{path} is a LoRA run (an adapter, no checkpoint of its own): give its base, or merge the two "
                 f"first, `python scripts/finetune.py --init-from BASE --out-dir {path} --merge OUT`, and give OUT")
@@ -68,7 +70,7 @@ def no_checkpoint(path: str | os.PathLike) -> str:
 
 def checkpoint_arg(text: str) -> str:
     """An argparse type: a run folder with a checkpoint, or a checkpoint file, checked to be there."""
-    if not checkpoint_path(text).is_file():
+    if not text.strip() or not checkpoint_path(text).is_file():
         raise argparse.ArgumentTypeError(no_checkpoint(text))
     return text
 
@@ -211,7 +213,7 @@ def existing_path(text: str) -> str:
 def model_arg(text: str) -> str:
     """An argparse type for one model: a checkpoint, or a LoRA run (read on its base by find_models),
     as a run folder or a file, checked to be there."""
-    return text if adapter_path(text).is_file() else checkpoint_arg(text)
+    return text if text.strip() and adapter_path(text).is_file() else checkpoint_arg(text)
 
 
 def base_candidates(adapter_file: Path, recorded: object) -> list[Path]:
@@ -264,8 +266,12 @@ def find_models(paths: list[str], tokenizer_hash: str | None = None) -> tuple[li
             weights, adapter = checkpoint_path(path), adapter_path(path)
         elif path.suffix == ".pt":  # a file: a checkpoint, or an adapter saved under its own name
             weights, adapter = (None, path) if is_adapter(path) else (path, None)
+        elif not path.exists():
+            skipped.append(f"{text} (nothing there: check the path; `ls checkpoints` lists the run folders)")
+            continue
         else:
-            skipped.append(f"{text} (not a run folder or a .pt file)")
+            skipped.append(f"{text} (not a run folder or a .pt file: name a run folder, e.g. "
+                           "checkpoints/pretrain-rope, or the .pt file in it)")
             continue
         if weights is not None and weights.is_file():
             models.append(ModelSource(path.name, text, weights))
@@ -279,7 +285,8 @@ def find_models(paths: list[str], tokenizer_hash: str | None = None) -> tuple[li
         else:
             runs = run_folders(path)
             skipped.append(f"{text} (no checkpoint or LoRA adapter in it" + (
-                f"; it holds run folders: name them, e.g. {text.rstrip('/')}/*)" if runs else ")"))
+                f"; it holds run folders: name them, e.g. {text.rstrip('/')}/*)" if runs else
+                ": name a run folder, one that holds a ckpt.pt or an adapter.pt)"))
             continue
         same = seen.setdefault(models[-1].files(), text)
         if same is not text:  # one model named twice (pretrain, ./pretrain/, pretrain/ckpt.pt): one row, not two

@@ -366,6 +366,9 @@ def no_data(data_dir: str | os.PathLike) -> str:
         return (f"the prepared data in {data_dir} is damaged (its meta.json, token files and tokenizer do not agree): "
                 f"prepare it again from its source, `python scripts/prepare.py --source PATH --data-dir {data_dir} "
                 "--force`")
+    if Path(data_dir) != DATA_DIR and not Path(data_dir).exists():  # a typo in --data-dir, most often
+        return (f"no folder {data_dir}: check --data-dir (the prepared data is where prepare.py wrote it, {DATA_DIR} "
+                f"by default), or prepare it there, `python scripts/prepare.py --source PATH --data-dir {data_dir}`")
     elsewhere = " (or pass --data-dir)" if Path(data_dir) == DATA_DIR else ""  # not when it was passed
     return (f"no complete prepared data in {data_dir}: run `python scripts/prepare.py --source PATH --data-dir "
             f"{data_dir}`{elsewhere}")

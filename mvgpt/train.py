@@ -126,9 +126,9 @@ def flat_then_down(progress: float, min_ratio: float, cooldown: float) -> float:
 # they take longer. Half: with a fifth, a machine that made about 75 steps in its time reached the peak lr
 # by step 16, where the loss climbs (results/warmup.json), and ended 0.9 to 1.4 higher than with half
 # (results/amd-epyc/recipes/slow-2min.json, docs/lab/recipes.md). A run with 400 steps or more warms
-# up over its 200, as the long runs do, so it is the long run's step for step until then. (At about 445
-# steps a fifth ended 0.015 to 0.030 lower, results/amd-epyc/recipes/warmup-10min-quiet.json: the clock's
-# cosine drops the lr when a long warm-up ends; see lr_at's after_warmup.)
+# up over its 200, as the long runs do, so it is the long run's step for step until then. The cosine
+# then starts from the peak, over the time left (lr_at's after_warmup): a cosine over the whole clock
+# dropped the lr to 0.55 of the peak when half's warm-up ended, and lost to a fifth at about 445 steps.
 WARMUP_SHARE = 0.5
 # Bounded by steps (the main job), a run gives its warm-up a fifth of them, as the 1,000-step runs that
 # tuned it do (docs/lab/schedule.md).
@@ -148,7 +148,7 @@ def lr_at(
     share: float = WARMUP_SHARE,
     schedule: str = "cosine",
     cooldown: float = 0.5,
-    after_warmup: bool = False,
+    after_warmup: bool = True,
 ) -> float:
     """The learning rate of step `step` (0-based): linear warm-up over `warmup` steps, then a cosine
     decay to lr * min_ratio (`schedule` "cosine"), or a flat lr and a straight decay to lr * min_ratio
@@ -163,10 +163,11 @@ def lr_at(
     steps alone). The pace is the steps' own, not the clock's so far, so the time a first step
     spends compiling does not hurry the warm-up.
 
-    On the clock the cosine counts the warm-up's time too, so where the warm-up is long the lr drops
-    when it ends (half the time gone: from the peak to 0.55 of it). `after_warmup` runs the cosine
-    over the time left after the warm-up's steps instead, from the peak (a recipe raced in
-    docs/lab/recipes.md; not the default).
+    On the clock, the cosine runs over the time left after the warm-up's steps (`after_warmup`), so
+    it starts from the peak when the warm-up ends, as it does over steps. `after_warmup=False` is
+    the schedule before it: the cosine at elapsed / budget of its way, which counts the warm-up's time,
+    so the lr drops when a long warm-up ends (half the time gone: from the peak to 0.55 of it). Raced
+    side by side in docs/lab/recipes.md; the first step, with no pace yet, is on the clock's cosine.
     """
     if max_steps is None:
         assert budget is not None and budget > 0, "a run without max_steps needs a time budget"

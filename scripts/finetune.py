@@ -68,7 +68,7 @@ from mvgpt.kit.errors import (
     seed,
     writable_folder,
 )
-from mvgpt.kit.io import write_json
+from mvgpt.kit.io import clip, write_json
 from mvgpt.kit.runfolder import RunLock, claim, claim_file, tensorboard_folder, writable_file
 from mvgpt.kit.runlog import RunLog, read_log
 from mvgpt.lora import (
@@ -276,7 +276,7 @@ def start_or_resume(model: GPT, args: argparse.Namespace, out_dir: Path, tok_has
         try:
             optimizer.load_state_dict(saved["optimizer"])
         except (ValueError, KeyError, TypeError, RuntimeError) as e:
-            raise UserError(f"{adapter_path(out_dir)}'s optimizer does not fit its adapter ({str(e)[:100]}): "
+            raise UserError(f"{adapter_path(out_dir)}'s optimizer does not fit its adapter ({clip(str(e), 100)}): "
                             "start again with --overwrite") from None
         step, elapsed, losses = saved["step"], saved["elapsed"], list(saved.get("losses") or [])
         read_log(log_path, step)

@@ -80,7 +80,7 @@ from mvgpt.kit.errors import (
     seed,
     share,
 )
-from mvgpt.kit.io import write_json
+from mvgpt.kit.io import clip, write_json
 from mvgpt.kit.runfolder import RunLock, claim, claim_file, tensorboard_folder, writable_file
 from mvgpt.kit.runlog import RunLog, check_runs_dir, read_log
 from mvgpt.model import GPT, GPTConfig
@@ -322,15 +322,16 @@ def optimizer_of(args: argparse.Namespace, state: dict | None, out_dir: Path) ->
 
 def start_or_resume(
     args: argparse.Namespace, out_dir: Path, model: GPT, optimizer, state: dict | None, master: bool
-) -> tuple[int, float, list[dict]]:
-    """(step, elapsed seconds, the log's records) to start from: the checkpoint's with --resume
-    (state), else 0 in a folder claimed for a new run (an old run there goes, with --overwrite)."""
+) -> tuple[int, float, list, list[dict]]:
+    """(step, elapsed seconds, [seconds, steps] of the pace so far, the log's records) to start from: the
+    checkpoint's with --resume (state), else 0 in a folder claimed for a new run (an old run there goes,
+    with --overwrite)."""
     if state is None:
         if master:
             if args.overwrite:  # a stop before the first save must not leave the old checkpoint beside a new log
                 (out_dir / CHECKPOINT_NAME).unlink(missing_ok=True)
             (out_dir / "log.jsonl").unlink(missing_ok=True)
-        return 0, 0.0, []
+        return 0, 0.0, [0.0, 0], []
     missing = [k for k in ("optimizer", "rng", "step", "elapsed") if k not in state]
     if missing:  # e.g. a merged LoRA checkpoint, or one saved by hand: weights without a run to continue
         raise UserError(f"{checkpoint_path(out_dir)} has no {', '.join(missing)}: it is a model, not a run to "
@@ -346,12 +347,18 @@ def start_or_resume(
         torch.set_rng_state(state["rng"])
     except (RuntimeError, ValueError, KeyError, TypeError) as e:
         raise UserError(f"{checkpoint_path(out_dir)} does not hold a run this model can continue "
-                        f"({str(e).splitlines()[0][:120]}): start a new run with another --out-dir") from None
+                        f"({clip(str(e).splitlines()[0])}): start a new run with another --out-dir") from None
+    timed = state.get("step_seconds", [0.0, 0])  # the pace's seconds and steps (absent before it was kept: anew)
+    if not (isinstance(timed, (list, tuple)) and len(timed) == 2 and isinstance(timed[0], (int, float))
+            and isinstance(timed[1], int) and not isinstance(timed[1], bool) and math.isfinite(timed[0])
+            and timed[0] >= 0 and 0 <= timed[1] <= step):
+        raise UserError(f"{checkpoint_path(out_dir)} says its steps took {timed!r} (seconds, steps), which no run "
+                        "saves: use an earlier checkpoint, or start a new run with another --out-dir")
     records = []
     if master:
         records = read_log(out_dir / "log.jsonl", state["step"])
         print(f"resuming {out_dir} at step {state['step']} ({state['elapsed'] / 60:.1f} minutes done)")
-    return state["step"], state["elapsed"], records
+    return state["step"], state["elapsed"], list(timed), records
 
 # ----------------------------------------------------------------------------------------------
 # Where it runs: one process, or one of several (DDP); stopping on Ctrl-C
@@ -432,19 +439,20 @@ def train(run: dict, args: argparse.Namespace) -> dict:
             raise diverged(problem, out_dir, saved_at)
         if run["master"]:
             save_checkpoint(checkpoint_in(out_dir), model, optimizer=optimizer.state_dict(), step=step, elapsed=elapsed,
+                            step_seconds=[timed_s, timed_n],
                             rng=torch.get_rng_state(), tokenizer_hash=run["tok_hash"], args=vars(args),
                             val_loss=val_loss, losses=watch.losses)
         saved_at = step
 
     model.train()
     first = step  # this process's first step (it compiles, where it does): the pace leaves it out
+    timed_s, timed_n = run["timed"]  # the seconds of the steps that set the pace, and how many (kept on --resume)
     while step < max_steps and elapsed < budget:
         t0 = clock()
-        # the learning rate: warm-up, then cosine over the steps (--max-steps) or over the clock; bounded by
-        # the clock, the warm-up ends in time too, at the pace of the steps so far (rank 0's clock on every rank)
-        if step == first + 1:
-            after_first = elapsed
-        pace = (elapsed - after_first) / (step - first - 1) if step > first + 1 else None
+        # the learning rate: warm-up, then cosine over the steps (--max-steps) or over the time left after the
+        # warm-up; bounded by the clock, the warm-up ends in time too, at the pace of the steps so far (each
+        # process's first left out, and evaluations), the same on every rank
+        pace = mean_over_ranks(timed_s / timed_n, device) if timed_n else None
         lr = lr_at(step, args.lr, args.warmup, args.min_lr_ratio, args.max_steps, elapsed, budget, pace,
                    args.warmup_share)
         # the batch: depends only on (seed, rank, step), so a resumed run sees the same ones
@@ -461,6 +469,8 @@ def train(run: dict, args: argparse.Namespace) -> dict:
             log.say(f"step {step}: {line}")
         dt = clock() - t0
         elapsed += dt
+        if step > first + 1:
+            timed_s, timed_n = timed_s + dt, timed_n + 1
         speeds.append(tokens_per_step / dt)
         record = {"step": step, "loss": loss_value, "grad_norm": grad_norm.item(), "lr": lr,
                   "tokens": step * tokens_per_step, "tokens_per_s": speeds[-1], "elapsed": elapsed}
@@ -546,7 +556,7 @@ def main(argv: list[str] | None = None) -> dict:
                                 "--source DIR --force`)")
         args.optimizer = optimizer_of(args, state, out_dir)
         optimizer = configure_optimizer(model, args.lr, args.weight_decay, device, muon=args.optimizer == "muon")
-        step, elapsed, records = start_or_resume(args, out_dir, model, optimizer, state, master)
+        step, elapsed, timed, records = start_or_resume(args, out_dir, model, optimizer, state, master)
         check_runs_dir(out_dir, args.runs_dir)  # before the first line: a refusal is the only line
         if master and args.max_steps and step > args.max_steps:  # said, not taken as a wish to go back
             print(f"{out_dir} is at step {step}, past --max-steps {args.max_steps}: nothing to train (its summary "
@@ -574,7 +584,7 @@ def main(argv: list[str] | None = None) -> dict:
         step_fn = Step(model, optimizer, device, dtype, grad_clip=args.grad_clip, forward=train_model)
         log = RunLog(out_dir, args.runs_dir, step, args.max_steps, master=master)
         run = dict(model=model, step_fn=step_fn, optimizer=optimizer, threads=threads, device=device, dtype=dtype,
-                   log=log, stop=stop, out_dir=out_dir, step=step, elapsed=elapsed, world=world, rank=rank,
+                   log=log, stop=stop, out_dir=out_dir, step=step, elapsed=elapsed, timed=timed, world=world, rank=rank,
                    master=master, train_data=train_data, val_data=val_data, tok_hash=tok_hash, machine=machine(device),
                    command=command, name=name, records=records, losses=(state or {}).get("losses", []))
         try:

@@ -1,3 +1,4 @@
+import argparse
 import logging
 import os
 import signal
@@ -10,7 +11,7 @@ import pytest
 import torch
 from conftest import tiny_model
 
-from mvgpt.checkpoint import load_model, read_checkpoint, save_checkpoint
+from mvgpt.checkpoint import load_model, model_arg, read_checkpoint, save_checkpoint
 from mvgpt.kit import io
 
 
@@ -266,3 +267,24 @@ def test_a_blank_path_is_named_as_blank_not_read_as_the_folder_the_script_runs_i
     assert models == []
     assert skipped == ["'' (an empty path: name a run folder or a .pt file)",
                        "' ' (an empty path: name a run folder or a .pt file)"]
+    for arg in ("", " "):  # sample.py's and finetune.py's argument: not ckpt.pt in the folder it runs in
+        with pytest.raises(argparse.ArgumentTypeError, match=f"^{arg!r} is an empty path: name a run folder or a .pt "
+                           "file$"):
+            model_arg(arg)
+
+
+def test_a_path_with_nothing_there_is_named_as_a_path_to_check(tmp_path):
+    from mvgpt.checkpoint import find_models
+
+    models, skipped = find_models([str(tmp_path / "pretrain-rop")])
+    assert models == [] and skipped == [f"{tmp_path / 'pretrain-rop'} (nothing there: check the path; `ls checkpoints` "
+                                        "lists the run folders)"]
+
+
+def test_a_quoted_message_is_cut_at_a_word():
+    from mvgpt.kit.io import clip
+
+    assert clip("short") == "short"
+    assert clip("one two three four", 9) == "one two ..."
+    assert clip("one, two three", 5) == "one ..."
+    assert clip("x" * 30, 10) == "x" * 10 + " ..."  # no space to cut at: the characters

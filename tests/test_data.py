@@ -369,5 +369,13 @@ def test_missing_data_offers_data_dir_only_where_it_was_not_passed(tmp_path, mon
     monkeypatch.chdir(tmp_path)
     assert no_data(DATA_DIR) == (f"no complete prepared data in {DATA_DIR}: run `python scripts/prepare.py --source "
                                  f"PATH --data-dir {DATA_DIR}` (or pass --data-dir)")
+    (tmp_path / "elsewhere").mkdir()
     assert no_data(tmp_path / "elsewhere") == (f"no complete prepared data in {tmp_path / 'elsewhere'}: run `python "
                                                f"scripts/prepare.py --source PATH --data-dir {tmp_path / 'elsewhere'}`")
+
+
+def test_a_data_dir_that_is_not_there_is_named_as_a_path_to_check(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert no_data("dat") == ("no folder dat: check --data-dir (the prepared data is where prepare.py wrote it, "
+                              f"{DATA_DIR} by default), or prepare it there, `python scripts/prepare.py --source PATH "
+                              "--data-dir dat`")

@@ -246,8 +246,8 @@ def test_a_run_bounded_by_time_follows_the_clock(root, monkeypatch):
     out = train(root, "clock", "--minutes", "0.1", "--warmup", "2", "--eval-every", "5")  # 6 s, 0.5 s a step
     log = [r for r in records(root / "clock") if "loss" in r]
     before = [0.0] + [r["elapsed"] for r in log[:-1]]  # the clock when each step began
-    for r, t in zip(log, before, strict=True):
-        assert r["lr"] == lr_at(r["step"] - 1, 2e-3, 2, 0.1, None, t, 6.0)
+    for r, t in zip(log, before, strict=True):  # the pace: 0.5 s, from the second step on (the first is off it)
+        assert r["lr"] == lr_at(r["step"] - 1, 2e-3, 2, 0.1, None, t, 6.0, 0.5 if r["step"] > 2 else None)
     assert before[-1] < 6.0 <= log[-1]["elapsed"]  # it stopped when the time was up, not before
     after_warmup = [r["lr"] for r in log[2:]]
     assert after_warmup == sorted(after_warmup, reverse=True) and after_warmup[-1] < 2e-3 / 4
@@ -262,10 +262,12 @@ def test_bounded_by_the_clock_the_warm_up_is_the_lesser_of_its_steps_and_a_share
     # 4 s a step: half of ten minutes holds 75 steps, so the warm-up is 75 steps, not 200
     assert WARMUP_SHARE * 600.0 / 4.0 == 75
     assert [lr(s, elapsed=4.0 * s, step_seconds=4.0) for s in (0, 74)] == [1 / 75, 1.0]
-    assert lr(75, elapsed=300.0, step_seconds=4.0) == cosine(0.5, 0.1)  # then the cosine, on the clock
+    assert lr(75, elapsed=300.0, step_seconds=4.0) == 1.0  # then the cosine, from the peak over the 300 s left
+    assert lr(75, elapsed=450.0, step_seconds=4.0) == cosine(0.5, 0.1)
     # 0.5 s a step: 200 steps take 100 s, inside the share: the steps end it, as without a pace
-    assert [lr(s, elapsed=0.5 * s, step_seconds=0.5) for s in (0, 99, 199, 200)] == [
-        lr(s, elapsed=0.5 * s) for s in (0, 99, 199, 200)] == [1 / 200, 0.5, 1.0, cosine(100 / 600, 0.1)]
+    assert [lr(s, elapsed=0.5 * s, step_seconds=0.5) for s in (0, 99, 199, 200, 700)] == [
+        1 / 200, 0.5, 1.0, 1.0, cosine(250 / 500, 0.1)]
+    assert [lr(s, elapsed=0.5 * s) for s in (0, 99, 199)] == [1 / 200, 0.5, 1.0]
     assert lr(0, elapsed=0.0, step_seconds=1e6) == 1.0  # a step longer than the share: at the peak at once
     # bounded by steps, the pace changes nothing
     assert lr_at(5, 1.0, 200, 0.1, max_steps=1000, step_seconds=4.0) == lr_at(5, 1.0, 200, 0.1, max_steps=1000)
@@ -288,9 +290,10 @@ def test_a_run_bounded_by_time_leaves_its_warm_up_in_time_and_ends_at_the_floor(
     assert rates[peak:] == sorted(rates[peak:], reverse=True)
     assert log[-1]["elapsed"] >= 6.0 and rates[-1] == pytest.approx(2e-4, rel=0.01)
     before = [0.0] + [r["elapsed"] for r in log[:-1]]  # the clock when each step began
-    if warmup == 5:  # where the steps bound it, the schedule is the one without a pace, step for step
-        assert rates == [lr_at(r["step"] - 1, 2e-3, warmup, 0.1, None, t, 6.0) for r, t in zip(log, before,
-                                                                                               strict=True)]
+    if warmup == 5:  # where the steps bound it, the warm-up is its steps; the cosine runs over the time after them
+        assert rates == pytest.approx([lr_at(r["step"] - 1, 2e-3, warmup, 0.1, None, t, 6.0, tick if r["step"] > 2
+                                             else None) for r, t in zip(log, before, strict=True)], rel=1e-9)
+        assert rates[warmup] == 2e-3  # the first step after it: at the peak
     else:  # a fixed-step warm-up would still be climbing when the time is up: --warmup-share 0 keeps it
         assert lr_at(len(log) - 1, 2e-3, warmup, 0.1, None, before[-1], 6.0) < 2e-3 / 3
         monkeypatch.setattr(pretrain, "clock", FakeClock(tick))
@@ -298,6 +301,19 @@ def test_a_run_bounded_by_time_leaves_its_warm_up_in_time_and_ends_at_the_floor(
               "1000", "--warmup-share", "0")
         fixed = [r["lr"] for r in records(root / "fixed") if "loss" in r]
         assert fixed == [2e-3 * min(1.0, (s + 1) / warmup) for s in range(len(fixed))] and fixed[-1] < 2e-3 / 3
+
+
+def test_a_checkpoint_keeps_the_pace_its_schedule_read_and_one_from_before_starts_it_anew(root, monkeypatch):
+    monkeypatch.setattr(pretrain, "clock", FakeClock(0.5))
+    train(root, "r", "--minutes", "0.1", "--warmup", "2", "--eval-every", "5")  # 10 steps: all but the first timed
+    state = read_checkpoint(root / "r")
+    assert state["step"] == 10 and state["step_seconds"] == [4.5, 9]
+    del state["step_seconds"]  # a checkpoint saved before the pace was kept
+    torch.save(state, root / "r" / "ckpt.pt")
+    monkeypatch.setattr(pretrain, "clock", FakeClock(0.5))
+    out = train(root, "r", "--minutes", "0.2", "--warmup", "2", "--eval-every", "5", "--resume")
+    timed = out["steps"] - 11  # this process's steps after its first (step 11): the pace starts again
+    assert timed > 0 and read_checkpoint(root / "r")["step_seconds"] == [0.5 * timed, timed]
 
 
 def test_resume_continues_the_clock(root, monkeypatch):
@@ -593,6 +609,9 @@ def test_a_resume_keeps_the_runs_optimizer_and_refuses_another(root):
     ("step", "5", "says it is at step '5'"),
     ("elapsed", float("nan"), "after nan seconds"),
     ("model", None, "holds non-finite weights"),
+    ("step_seconds", [float("nan"), 1], r"says its steps took \[nan, 1\] \(seconds, steps\), which no run saves"),
+    ("step_seconds", [1.0, 5], r"says its steps took \[1.0, 5\]"),  # more timed steps than it took
+    ("step_seconds", {"s": 1}, r"says its steps took \{'s': 1\}"),
 ])
 def test_a_checkpoint_no_run_saves_is_refused_on_resume_and_kept(root, field, value, says):
     train(root, "r", "--max-steps", "2")
@@ -614,20 +633,20 @@ def test_a_resume_below_its_step_says_there_is_nothing_to_train(root, capsys):
     assert "is at step 4, past --max-steps 2: nothing to train" in capsys.readouterr().out and out["steps"] == 4
 
 
-def test_on_the_clock_after_warmup_starts_the_cosine_at_the_peak_and_ends_at_the_floor():
+def test_on_the_clock_the_cosine_starts_at_the_peak_after_the_warm_up_and_ends_at_the_floor():
     lr = lambda step, **kw: lr_at(step, 1.0, 200, 0.1, budget=600.0, **kw)  # noqa: E731
     # 2 s a step: half of ten minutes holds 150 steps, so the warm-up is 150 steps and ends at 300 s
     assert lr(149, elapsed=298.0, step_seconds=2.0) == 1.0
-    assert lr(150, elapsed=300.0, step_seconds=2.0, after_warmup=True) == 1.0  # the peak: the cosine begins there
-    assert lr(150, elapsed=300.0, step_seconds=2.0) == cosine(0.5, 0.1)  # without: the clock's half, 0.55
+    assert lr(150, elapsed=300.0, step_seconds=2.0) == 1.0  # the peak: the cosine begins there
+    # the schedule before (after_warmup=False): the cosine at the clock's half, so the lr drops to 0.55
+    assert lr(150, elapsed=300.0, step_seconds=2.0, after_warmup=False) == cosine(0.5, 0.1)
     # then down over the 300 s left: half way at 450 s, the floor when the time is up (and after)
-    assert lr(225, elapsed=450.0, step_seconds=2.0, after_warmup=True) == cosine(0.5, 0.1)
-    assert lr(300, elapsed=600.0, step_seconds=2.0, after_warmup=True) == lr(
-        310, elapsed=620.0, step_seconds=2.0, after_warmup=True) == pytest.approx(0.1)
-    rates = [lr(s, elapsed=2.0 * s, step_seconds=2.0, after_warmup=True) for s in range(300)]
+    assert lr(225, elapsed=450.0, step_seconds=2.0) == cosine(0.5, 0.1)
+    assert lr(300, elapsed=600.0, step_seconds=2.0) == lr(310, elapsed=620.0, step_seconds=2.0) == pytest.approx(0.1)
+    rates = [lr(s, elapsed=2.0 * s, step_seconds=2.0) for s in range(300)]
     assert rates[149:] == sorted(rates[149:], reverse=True) and rates[:150] == sorted(rates[:150])
     # without a pace (the first step) there is no warm-up time to leave out: the clock's cosine
-    assert lr(200, elapsed=100.0, after_warmup=True) == lr(200, elapsed=100.0) == cosine(100 / 600, 0.1)
+    assert lr(200, elapsed=100.0) == lr(200, elapsed=100.0, after_warmup=False) == cosine(100 / 600, 0.1)
     # bounded by steps it changes nothing: that cosine already starts at the warm-up's end
-    assert lr_at(300, 1.0, 200, 0.1, max_steps=1000, step_seconds=2.0, after_warmup=True) == lr_at(
-        300, 1.0, 200, 0.1, max_steps=1000)
+    assert lr_at(300, 1.0, 200, 0.1, max_steps=1000, step_seconds=2.0) == lr_at(
+        300, 1.0, 200, 0.1, max_steps=1000, step_seconds=2.0, after_warmup=False)

@@ -61,8 +61,10 @@ def test_find_models_reads_each_run_and_an_adapter_on_its_base(tmp_path, data_di
     assert [m.name for m in models] == ["lora-rope (LoRA on pretrain-rope)", "pretrain",
                                         "pretrain-rope", "pretrain-rope-ctx64-linear"]
     assert models[0].checkpoint == tmp_path / "checkpoints" / "pretrain-rope" / "ckpt.pt"
-    assert skipped == [f"{tmp_path / 'checkpoints' / 'exports'} (no checkpoint or LoRA adapter in it)",
-                       f"{tmp_path / 'checkpoints' / 'notes.txt'} (not a run folder or a .pt file)"]
+    assert skipped == [f"{tmp_path / 'checkpoints' / 'exports'} (no checkpoint or LoRA adapter in it: name a run "
+                       "folder, one that holds a ckpt.pt or an adapter.pt)",
+                       f"{tmp_path / 'checkpoints' / 'notes.txt'} (not a run folder or a .pt file: name a run "
+                       "folder, e.g. checkpoints/pretrain-rope, or the .pt file in it)"]
     files, _ = find_models([str(m.checkpoint) for m in models[1:]] + [str(models[0].adapter)], h)  # files work too
     assert [(m.checkpoint, m.adapter) for m in files] == [(m.checkpoint, m.adapter) for m in models[1:] + models[:1]]
     x = torch.randint(0, VOCAB, (1, 12), generator=torch.Generator().manual_seed(0))

@@ -39,7 +39,7 @@ import torch
 from mvgpt.export.hf import LAYER_NORM_EPS, ExportError, bpe_vocab_and_merges
 from mvgpt.extension.rope_scaling import RopeScaling
 from mvgpt.kit.errors import DISK_FULL, no_room
-from mvgpt.kit.io import atomic_path
+from mvgpt.kit.io import atomic_path, clip
 from mvgpt.model import GPT, GPTConfig
 from mvgpt.tokenizer import EOT, Tokenizer
 
@@ -267,7 +267,7 @@ def llama_cpp_missing() -> str | None:
     try:
         import llama_cpp  # noqa: F401
     except (ImportError, OSError) as e:  # not installed, or its shared library does not load
-        return f"llama.cpp is not available ({str(e).splitlines()[0][:120]}): pip install llama-cpp-python"
+        return f"llama.cpp is not available ({clip(str(e).splitlines()[0])}): pip install llama-cpp-python"
     return None
 
 

@@ -102,7 +102,7 @@ def write_state(path: Path, state: dict, what: str) -> Path:
         if free_bytes(path.parent) < MIN_FREE:
             raise CheckpointError(f"the disk is full: {path} not saved (the previous {what}, if any, is kept): free "
                                   "some space and run again") from None
-        raise CheckpointError(f"cannot write {path} (torch's writer stopped: {str(e).splitlines()[0][:100]}; the "
+        raise CheckpointError(f"cannot write {path} (torch's writer stopped: {clip(str(e).splitlines()[0], 100)}; the "
                               f"previous {what}, if any, is kept): check the disk, and run again") from None
     return path
 
@@ -132,12 +132,20 @@ def archive_damage(file: Path) -> str | None:
     return None if bad is None else f"the checksum of its record {bad} fails"
 
 
+def clip(text: str, limit: int = 120) -> str:
+    """text, or its first words up to `limit` characters and "...": a quoted message cut at a word."""
+    if len(text) <= limit:
+        return text
+    cut = text[:limit + 1].rsplit(" ", 1)[0] if " " in text[:limit + 1] else text[:limit]
+    return cut.rstrip(" ,;:") + " ..."
+
+
 def load_state(file: Path, map_location: str | torch.device, what: str, fix: str) -> object:
     """torch.load with weights_only=True (tensors and plain values: no pickled code runs), into CPU
     memory, then moved to map_location; a damaged file is one line naming `what` it is and the `fix`."""
     damage = archive_damage(file)
     if damage is not None:
-        raise CheckpointError(f"{what} {file} is damaged on disk ({damage[:120]}): {fix}")
+        raise CheckpointError(f"{what} {file} is damaged on disk ({clip(damage)}): {fix}")
     try:
         state = torch.load(file, map_location="cpu", weights_only=True)
     except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError, IndexError,
@@ -145,7 +153,7 @@ def load_state(file: Path, map_location: str | torch.device, what: str, fix: str
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         if first.startswith("Weights only load failed"):  # torch's advice to unpickle anyway: not for us
             first = "not tensors and plain values only"
-        raise CheckpointError(f"{what} {file} is truncated or corrupt ({first[:120]}): {fix}") from None
+        raise CheckpointError(f"{what} {file} is truncated or corrupt ({clip(first)}): {fix}") from None
     if torch.device(map_location).type != "cpu":
         state = _to_device(state, torch.device(map_location))
     return state
