@@ -45,7 +45,7 @@ from mvgpt.kit.io import write_json
 from mvgpt.kit.runfolder import writable_file
 from mvgpt.model import GPT, GPTConfig
 from mvgpt.perf.cpu_attention import batch_attention_where_it_pays
-from mvgpt.train import WARMUP_SHARE, Step, adamw, block_matrices, configure_optimizer, lr_at
+from mvgpt.train import WARMUP_SHARE, Step, adamw, block_matrices, check_fits_training, configure_optimizer, lr_at
 
 EVAL_SEED = 1234  # pretrain.py's: the held-out batches on the way are the same for every run
 
@@ -152,7 +152,7 @@ def recipe(name: str) -> Recipe:
     values = {}
     for pair in changes.split(",") if changes else []:
         key, _, value = pair.partition("=")
-        if not hasattr(RECIPES["baseline"], key):
+        if key not in asdict(RECIPES["baseline"]):  # the fields alone (hasattr would take __class__)
             fields = ", ".join(k for k in asdict(RECIPES["baseline"]) if k != "what")
             raise SystemExit(f"error: no recipe field {key!r} in {name!r}: pick from {fields}")
         if key in values:
@@ -397,8 +397,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--json", type=writable_file)
     args = p.parse_args(argv)
     if args.list:
+        width = max(map(len, RECIPES))
         for name, r in RECIPES.items():
-            print(f"{name:<10} {r.what}")
+            print(f"{name:<{width}}  {r.what}")
         return {}
     names = tuple(args.recipes)
     if len(set(names)) != len(names):
@@ -434,6 +435,8 @@ def main(argv: list[str] | None = None) -> dict:
     vocab = json.loads((Path(args.data_dir) / "meta.json").read_text())["vocab_size"]
     config = GPTConfig(vocab_size=vocab, block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_head,
                        n_embd=args.n_embd, rope=args.rope)
+    for n in names:  # before any model is made: one line, not an allocation's traceback
+        check_fits_training(config, args.batch_size or recipe(n).batch_size)
     print(f"{', '.join(names)}: " + (f"{args.minutes:g} minutes each on its own clock" if args.minutes
                                       else f"{args.steps} steps each"), flush=True)
     t0 = time.perf_counter()
@@ -445,7 +448,8 @@ def main(argv: list[str] | None = None) -> dict:
               "seconds": time.perf_counter() - t0}
     for b, d in result["against_reference"].items():
         tokens = ", ".join(f"{x:+.4f}" for x in d["equal_tokens"])
-        print(f"{b} - {names[0]}, held-out at equal time: " + ", ".join(f"{x:+.4f}" for x in d["equal_time"])
+        at = "equal time" if args.minutes else "equal steps"
+        print(f"{b} - {names[0]}, held-out at {at}: " + ", ".join(f"{x:+.4f}" for x in d["equal_time"])
               + (f"; at equal tokens ({d['equal_tokens_at'][0]:,}): {tokens}" if d["equal_tokens_at"] else ""))
     if args.json:
         write_json(args.json, result)

@@ -204,6 +204,8 @@ class ModelSource:
 
 def existing_path(text: str) -> str:
     """An argparse type: a path that exists (what it holds is sorted out by find_models)."""
+    if not text.strip():  # Path(" ") may exist as a file named " "; Path("") is the folder the script runs in
+        raise argparse.ArgumentTypeError(no_checkpoint(text))
     if not Path(text).exists():
         raise argparse.ArgumentTypeError(f"nothing at {text}: give a run folder or a checkpoint file "
                                          "(train one with `python scripts/pretrain.py`), or check the path")

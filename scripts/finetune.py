@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 
 from mvgpt.checkpoint import checkpoint_in, checkpoint_path, load_model, save_checkpoint
-from mvgpt.data import DATA_DIR, data_tokenizer_hash
+from mvgpt.data import DATA_DIR, data_tokenizer_hash, no_data
 from mvgpt.device import CHOICES as DTYPE_CHOICES
 from mvgpt.device import dtype_name, machine, pick_device, resolve_dtype
 from mvgpt.instruct import (
@@ -390,7 +390,7 @@ def main(argv: list[str] | None = None) -> dict:
     device = pick_device(args.device)
     tok_hash = data_tokenizer_hash(args.data_dir)
     if tok_hash is None:
-        raise SystemExit(f"error: no complete prepared data in {args.data_dir}: run `python scripts/prepare.py` first")
+        raise SystemExit(f"error: {no_data(args.data_dir)}")  # the fix for each case, as the other scripts say
     base, base_state = load_model(args.init_from, device, tok_hash)
     check_fits_training(base.config, args.batch_size)  # the batch's activations too: said before any work
     if args.rank is not None and args.rank > max_rank(base):

@@ -348,10 +348,12 @@ def start_or_resume(
     except (RuntimeError, ValueError, KeyError, TypeError) as e:
         raise UserError(f"{checkpoint_path(out_dir)} does not hold a run this model can continue "
                         f"({clip(str(e).splitlines()[0])}): start a new run with another --out-dir") from None
-    timed = state.get("step_seconds", [0.0, 0])  # the pace's seconds and steps (absent before it was kept: anew)
-    if not (isinstance(timed, (list, tuple)) and len(timed) == 2 and isinstance(timed[0], (int, float))
-            and isinstance(timed[1], int) and not isinstance(timed[1], bool) and math.isfinite(timed[0])
-            and timed[0] >= 0 and 0 <= timed[1] <= step):
+    # the pace's seconds and steps; a checkpoint from before it was kept: its clock's, evaluations and all
+    timed = state.get("step_seconds", [elapsed, step])
+    numbers = isinstance(timed, (list, tuple)) and len(timed) == 2 and all(
+        isinstance(x, (int, float)) and not isinstance(x, bool) for x in timed)
+    if not (numbers and isinstance(timed[1], int) and math.isfinite(timed[0]) and 0 <= timed[1] <= step
+            and 0 <= timed[0] <= elapsed + 1e-6 and (timed[0] > 0) == (timed[1] > 0)):  # no steps in no time
         raise UserError(f"{checkpoint_path(out_dir)} says its steps took {timed!r} (seconds, steps), which no run "
                         "saves: use an earlier checkpoint, or start a new run with another --out-dir")
     records = []

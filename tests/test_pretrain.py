@@ -303,7 +303,7 @@ def test_a_run_bounded_by_time_leaves_its_warm_up_in_time_and_ends_at_the_floor(
         assert fixed == [2e-3 * min(1.0, (s + 1) / warmup) for s in range(len(fixed))] and fixed[-1] < 2e-3 / 3
 
 
-def test_a_checkpoint_keeps_the_pace_its_schedule_read_and_one_from_before_starts_it_anew(root, monkeypatch):
+def test_a_checkpoint_keeps_the_pace_its_schedule_read_and_one_from_before_reads_its_clock(root, monkeypatch):
     monkeypatch.setattr(pretrain, "clock", FakeClock(0.5))
     train(root, "r", "--minutes", "0.1", "--warmup", "2", "--eval-every", "5")  # 10 steps: all but the first timed
     state = read_checkpoint(root / "r")
@@ -312,8 +312,8 @@ def test_a_checkpoint_keeps_the_pace_its_schedule_read_and_one_from_before_start
     torch.save(state, root / "r" / "ckpt.pt")
     monkeypatch.setattr(pretrain, "clock", FakeClock(0.5))
     out = train(root, "r", "--minutes", "0.2", "--warmup", "2", "--eval-every", "5", "--resume")
-    timed = out["steps"] - 11  # this process's steps after its first (step 11): the pace starts again
-    assert timed > 0 and read_checkpoint(root / "r")["step_seconds"] == [0.5 * timed, timed]
+    timed = out["steps"] - 11  # this process's steps after its first (step 11), on the old run's whole clock
+    assert timed > 0 and read_checkpoint(root / "r")["step_seconds"] == [6.0 + 0.5 * timed, 10 + timed]
 
 
 def test_resume_continues_the_clock(root, monkeypatch):
@@ -612,6 +612,10 @@ def test_a_resume_keeps_the_runs_optimizer_and_refuses_another(root):
     ("step_seconds", [float("nan"), 1], r"says its steps took \[nan, 1\] \(seconds, steps\), which no run saves"),
     ("step_seconds", [1.0, 5], r"says its steps took \[1.0, 5\]"),  # more timed steps than it took
     ("step_seconds", {"s": 1}, r"says its steps took \{'s': 1\}"),
+    ("step_seconds", [True, 1], r"says its steps took \[True, 1\]"),  # a yes, not seconds
+    ("step_seconds", [0.0, 1], r"says its steps took \[0.0, 1\]"),  # a step in no time
+    ("step_seconds", [5.0, 0], r"says its steps took \[5.0, 0\]"),  # time in no steps
+    ("step_seconds", [1e6, 1], r"says its steps took \[1000000.0, 1\]"),  # more time than the run's clock
 ])
 def test_a_checkpoint_no_run_saves_is_refused_on_resume_and_kept(root, field, value, says):
     train(root, "r", "--max-steps", "2")

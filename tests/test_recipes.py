@@ -71,6 +71,9 @@ def test_the_baseline_runs_the_cosine_from_the_peak_and_clock_cosine_as_it_was()
     ("baseline:schedule=linear", "schedule='linear' is not a schedule: give schedule=cosine or schedule=wsd"),
     ("baseline:what=x", "'what' is a recipe's description, not a field to change: pick another field"),
     ("baseline:lr", "lr='' is not a value lr takes: give one as in lr=0.002"),
+    ("baseline:__class__=x", "no recipe field '__class__' in 'baseline:__class__=x': pick from lr, betas, "
+                             "weight_decay, schedule, warmup, warmup_share, min_ratio, cooldown, muon, muon_lr, "
+                             "zero_proj, batch_size, after_warmup"),
 ])
 def test_a_bad_field_value_is_one_line_naming_the_field_and_what_it_takes(name, fix):
     with pytest.raises(SystemExit) as e:
@@ -132,3 +135,11 @@ def test_a_race_that_cannot_run_as_asked_stops_before_its_first_step(flags, prob
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert problem in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_a_model_too_big_for_the_memory_is_one_line_before_any_is_made(data_dir):
+    with pytest.raises(SystemExit) as e:
+        recipes.main([*TINY[:2], *TINY[6:], "--minutes", "0", "--steps", "1", "--n-embd", "65536", "--n-head", "2",
+                      "--data-dir", str(data_dir)])
+    assert str(e.value).startswith("error: training 1 block of 65536 channels, a window of 16, 4 sequences a step "
+                                   "asks for about ") and str(e.value).endswith(": make the model or the batch smaller")
