@@ -29,8 +29,9 @@ A run folder holds one run: a folder with another run in it needs --resume (cont
 refused. A resume is the checkpoint's run: the model (--n-layer, --n-head, --n-embd, --block-size,
 --rope, --rope-theta, and what --init-from with --rope-scaling made) comes from the checkpoint, and
 a flag that says otherwise is refused; the optimization, schedule, time, evaluation, checkpoint
-and device flags may change. A checkpoint is saved only from sane weights (mvgpt/kit/runfolder.py's
-LossWatch): a run whose loss runs away stops, and its last checkpoint stays as it was.
+and device flags may change (with neither --minutes nor --max-steps, it keeps the run's own limits).
+A checkpoint is saved only from sane weights (mvgpt/kit/runfolder.py's LossWatch): a run whose loss
+runs away stops, and its last checkpoint stays as it was.
 """
 
 from __future__ import annotations
@@ -180,9 +181,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("nothing would stop this run: give --max-steps, or --minutes above 0")
     if args.resume and args.overwrite:
         p.error("--resume and --overwrite contradict each other: pick one")
-    if args.minutes is None:
+    if args.minutes is None and not (args.resume and args.max_steps is None):  # a bare --resume: the run's own
         args.minutes = 0.0 if args.max_steps else DEFAULT_MINUTES
     return args
+
+
+def run_limits(args: argparse.Namespace, state: dict) -> None:
+    """A resume given neither --minutes nor --max-steps keeps the run's own: a run of 2,000 steps, or of
+    three minutes, does not become one of ten minutes because its limit was not typed again."""
+    saved = state.get("args") if isinstance(state.get("args"), dict) else {}
+    steps, minutes = saved.get("max_steps"), saved.get("minutes")
+    args.max_steps = steps if isinstance(steps, int) and not isinstance(steps, bool) and steps >= 1 else None
+    ok = isinstance(minutes, (int, float)) and not isinstance(minutes, bool) and math.isfinite(minutes) and minutes >= 0
+    args.minutes = minutes if ok and (minutes or args.max_steps) else 0.0 if args.max_steps else DEFAULT_MINUTES
 
 
 # ----------------------------------------------------------------------------------------------
@@ -546,6 +557,8 @@ def main(argv: list[str] | None = None) -> dict:
         claim(out_dir, "checkpoint", "--out-dir", resume=args.resume, overwrite=args.overwrite, reads=reads)
         # the model: the checkpoint's (--resume), or a new one from the flags (or --init-from's weights)
         state = read_checkpoint(out_dir) if args.resume else None
+        if state and args.minutes is None:  # --resume alone: the run's own limits
+            run_limits(args, state)
         model = resumed_model(args, state, out_dir, tok_hash) if state else build_model(args, fields, init)
         for k in MODEL_FLAGS:  # the values used, in the checkpoint's args and the summary
             setattr(args, k, getattr(model.config, k))

@@ -316,6 +316,25 @@ def test_a_checkpoint_keeps_the_pace_its_schedule_read_and_one_from_before_reads
     assert timed > 0 and read_checkpoint(root / "r")["step_seconds"] == [6.0 + 0.5 * timed, 10 + timed]
 
 
+def test_a_bare_resume_keeps_the_runs_own_limits(root, monkeypatch):
+    def bare(name: str, *extra: str) -> list[str]:  # TINY's flags but its --minutes 0: no limit typed
+        argv = run_args(root, name, "--resume", *extra)
+        i = argv.index("--minutes")
+        return argv[:i] + argv[i + 2:]
+
+    monkeypatch.setattr(pretrain, "clock", FakeClock(100.0))  # were the limit ten minutes, 6 steps more
+    train(root, "steps", "--max-steps", "2")
+    out = pretrain.main(bare("steps"))
+    assert out["steps"] == 2 and (out["args"]["max_steps"], out["args"]["minutes"]) == (2, 0.0)
+    monkeypatch.setattr(pretrain, "clock", FakeClock(0.5))
+    done = train(root, "clock", "--minutes", "0.1")["steps"]  # its 6 s are up
+    monkeypatch.setattr(pretrain, "clock", FakeClock(0.5))
+    out = pretrain.main(bare("clock"))
+    assert out["steps"] == done and (out["args"]["max_steps"], out["args"]["minutes"]) == (None, 0.1)
+    out = pretrain.main(bare("clock", "--minutes", "0.15"))  # a limit typed: that one
+    assert out["steps"] > done and out["args"]["minutes"] == 0.15
+
+
 def test_resume_continues_the_clock(root, monkeypatch):
     args = ("--minutes", "0.1", "--warmup", "2", "--eval-every", "5", "--ckpt-every", "100")
     monkeypatch.setattr(pretrain, "clock", FakeClock(0.5))
