@@ -191,9 +191,13 @@ def run_limits(args: argparse.Namespace, state: dict) -> None:
     three minutes, does not become one of ten minutes because its limit was not typed again."""
     saved = state.get("args") if isinstance(state.get("args"), dict) else {}
     steps, minutes = saved.get("max_steps"), saved.get("minutes")
-    args.max_steps = steps if isinstance(steps, int) and not isinstance(steps, bool) and steps >= 1 else None
-    ok = isinstance(minutes, (int, float)) and not isinstance(minutes, bool) and math.isfinite(minutes) and minutes >= 0
-    args.minutes = minutes if ok and (minutes or args.max_steps) else 0.0 if args.max_steps else DEFAULT_MINUTES
+    steps_ok = steps is None or (isinstance(steps, int) and not isinstance(steps, bool) and steps >= 1)
+    minutes_ok = minutes is None or (isinstance(minutes, (int, float)) and not isinstance(minutes, bool)
+                                     and 0 <= minutes <= 10**6)
+    if not (steps_ok and minutes_ok and (steps or minutes)):  # NaN fails the range too
+        raise UserError(f"the checkpoint does not say how long its run was to train (max_steps={steps!r}, "
+                        f"minutes={minutes!r}): give the limit, --minutes N or --max-steps N, with --resume")
+    args.max_steps, args.minutes = steps, float(minutes or 0.0)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -321,7 +325,7 @@ def optimizer_of(args: argparse.Namespace, state: dict | None, out_dir: Path) ->
     to the optimizer that made them."""
     if state is None:
         return args.optimizer or DEFAULT_OPTIMIZER
-    saved = (state.get("args") or {}).get("optimizer") or "adamw"
+    saved = (state.get("args") if isinstance(state.get("args"), dict) else {}).get("optimizer") or "adamw"
     if saved not in OPTIMIZERS:
         raise UserError(f"{out_dir}'s checkpoint names an optimizer this version does not have ({saved!r}): start a "
                         "new run with another --out-dir")

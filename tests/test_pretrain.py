@@ -333,6 +333,17 @@ def test_a_bare_resume_keeps_the_runs_own_limits(root, monkeypatch):
     assert out["steps"] == done and (out["args"]["max_steps"], out["args"]["minutes"]) == (None, 0.1)
     out = pretrain.main(bare("clock", "--minutes", "0.15"))  # a limit typed: that one
     assert out["steps"] > done and out["args"]["minutes"] == 0.15
+    state = read_checkpoint(root / "clock")
+    for limits in ({"minutes": float("nan")}, {"minutes": "0.1"}, {"minutes": 0, "max_steps": None},
+                   {"minutes": 0.1, "max_steps": True}):  # a limit no run saves: asked for, not ten minutes
+        torch.save({**state, "args": {**state["args"], **limits}}, root / "clock" / "ckpt.pt")
+        with pytest.raises(SystemExit, match=r"^error: the checkpoint does not say how long its run was to train "
+                                             r"\(max_steps=.*: give the limit, --minutes N or --max-steps N, with "
+                                             r"--resume$"):
+            pretrain.main(bare("clock"))
+    torch.save({**state, "args": [1]}, root / "clock" / "ckpt.pt")  # not a dict at all: the same line
+    with pytest.raises(SystemExit, match="does not say how long its run was to train"):
+        pretrain.main(bare("clock"))
 
 
 def test_resume_continues_the_clock(root, monkeypatch):
