@@ -561,8 +561,6 @@ def main(argv: list[str] | None = None) -> dict:
         claim(out_dir, "checkpoint", "--out-dir", resume=args.resume, overwrite=args.overwrite, reads=reads)
         # the model: the checkpoint's (--resume), or a new one from the flags (or --init-from's weights)
         state = read_checkpoint(out_dir) if args.resume else None
-        if state and args.minutes is None:  # --resume alone: the run's own limits
-            run_limits(args, state)
         model = resumed_model(args, state, out_dir, tok_hash) if state else build_model(args, fields, init)
         for k in MODEL_FLAGS:  # the values used, in the checkpoint's args and the summary
             setattr(args, k, getattr(model.config, k))
@@ -576,6 +574,8 @@ def main(argv: list[str] | None = None) -> dict:
         args.optimizer = optimizer_of(args, state, out_dir)
         optimizer = configure_optimizer(model, args.lr, args.weight_decay, device, muon=args.optimizer == "muon")
         step, elapsed, timed, records = start_or_resume(args, out_dir, model, optimizer, state, master)
+        if state and args.minutes is None:  # --resume alone: the run's own limits
+            run_limits(args, state)
         check_runs_dir(out_dir, args.runs_dir)  # before the first line: a refusal is the only line
         if master and args.max_steps and step > args.max_steps:  # said, not taken as a wish to go back
             print(f"{out_dir} is at step {step}, past --max-steps {args.max_steps}: nothing to train (its summary "
